@@ -1,0 +1,296 @@
+//! The command line as the user typed it (clap derive). Doc comments here are the
+//! `--help` text. Nothing here is checked beyond syntax: [`crate::config`] turns these
+//! structs into a checked configuration. Depends on [`crate::log`] for the format enum.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::log::Format;
+
+/// Run a command under a named distributed lock.
+///
+/// lockrun acquires the lock NAME (a lease in Redis), runs COMMAND in its own process
+/// group with a fencing token in LOCKRUN_FENCING_TOKEN, renews the lease while the
+/// command lives, stops the whole group before the lease can expire if renewal fails,
+/// releases the lock and exits with the command's status.
+#[derive(Debug, Parser)]
+#[command(name = "lockrun", version, max_term_width = 100)]
+#[command(after_help = "\
+Exit status: the command's own; 128+N if it was killed by signal N; 75 (--conflict-exit-code) \
+if the lock is busy; 124 if lockrun stopped the command (lock lost, --max-runtime); 125 if \
+lockrun failed before starting it; 126 not executable; 127 not found.")]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands; `run` is the default.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run COMMAND while holding the lock NAME (the default subcommand).
+    Run(RunArgs),
+    /// Show who holds the lock NAME (exit 0 held, 1 free, 125 error).
+    Status(StatusArgs),
+    /// Break the lock NAME whoever holds it (operator override; needs --force).
+    Release(ReleaseArgs),
+}
+
+/// Where the lock lives.
+#[derive(Debug, Args)]
+pub struct BackendArgs {
+    /// Backend URL: redis://[user:pass@]host:port[/db] (rediss:// for TLS).
+    /// Prefer LOCKRUN_URL for URLs with a password: argv is visible in `ps`.
+    #[arg(
+        long,
+        env = "LOCKRUN_URL",
+        default_value = "redis://127.0.0.1:6379",
+        hide_env_values = true
+    )]
+    pub url: String,
+
+    /// Read the backend password from this file (the first line; overrides the URL's).
+    /// LOCKRUN_PASSWORD in the environment works too.
+    #[arg(long, env = "LOCKRUN_PASSWORD_FILE", value_name = "PATH")]
+    pub password_file: Option<PathBuf>,
+
+    /// Namespace of the backend keys.
+    #[arg(
+        long,
+        env = "LOCKRUN_KEY_PREFIX",
+        default_value = "lockrun:",
+        value_name = "PREFIX"
+    )]
+    pub key_prefix: String,
+}
+
+/// Logging on stderr.
+#[derive(Debug, Args)]
+pub struct LogArgs {
+    /// Quieter: only errors.
+    #[arg(short, long, conflicts_with = "verbose")]
+    pub quiet: bool,
+
+    /// Louder: -v for each step of the run, -vv for every renewal.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// Log format on stderr.
+    #[arg(
+        long,
+        env = "LOCKRUN_LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        value_name = "FORMAT"
+    )]
+    pub log_format: Format,
+}
+
+/// Arguments of `lockrun run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Backend options.
+    #[command(flatten)]
+    pub backend: BackendArgs,
+
+    /// Logging options.
+    #[command(flatten)]
+    pub log: LogArgs,
+
+    /// Lease length (humantime: 500ms, 30s, 5m, "1h 30m").
+    #[arg(long, env = "LOCKRUN_TTL", default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub ttl: Duration,
+
+    /// Renewal period; must be shorter than the TTL [default: TTL/3].
+    #[arg(long, env = "LOCKRUN_RENEW_EVERY", value_parser = parse_duration, value_name = "DURATION")]
+    pub renew_every: Option<Duration>,
+
+    /// How long to wait for a busy lock (0: do not wait).
+    #[arg(long, env = "LOCKRUN_WAIT", default_value = "0", value_parser = parse_duration, value_name = "DURATION")]
+    pub wait: Duration,
+
+    /// Exit status when the lock was not acquired.
+    #[arg(long, env = "LOCKRUN_CONFLICT_EXIT_CODE", default_value_t = crate::outcome::DEFAULT_CONFLICT_EXIT_CODE, value_name = "N")]
+    pub conflict_exit_code: u8,
+
+    /// Keep the lock until this long after acquisition even if the command ends
+    /// sooner (without keeping a process alive), so hosts with skewed clocks do not
+    /// run the same cron tick again.
+    #[arg(long, env = "LOCKRUN_HOLD_AT_LEAST", default_value = "0", value_parser = parse_duration, value_name = "DURATION")]
+    pub hold_at_least: Duration,
+
+    /// First signal sent to the process group when the lock is lost (TERM, INT, HUP,
+    /// QUIT, USR1, USR2, KILL, or a number; SIG prefix optional).
+    #[arg(
+        long,
+        env = "LOCKRUN_KILL_SIGNAL",
+        default_value = "TERM",
+        value_name = "SIG"
+    )]
+    pub kill_signal: String,
+
+    /// Escalate to SIGKILL this long after the kill signal, or at the lease deadline,
+    /// whichever comes first.
+    #[arg(long, env = "LOCKRUN_KILL_AFTER", default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub kill_after: Duration,
+
+    /// Stop the command (kill signal, then SIGKILL after --kill-after) once it has
+    /// run this long.
+    #[arg(long, env = "LOCKRUN_MAX_RUNTIME", value_parser = parse_duration, value_name = "DURATION")]
+    pub max_runtime: Option<Duration>,
+
+    /// The lock's name: 1 to 200 bytes of A-Z a-z 0-9 . _ - : /
+    pub name: String,
+
+    /// The command and its arguments, after `--` (run directly, not through a shell).
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+/// Arguments of `lockrun status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Backend options.
+    #[command(flatten)]
+    pub backend: BackendArgs,
+
+    /// Logging options.
+    #[command(flatten)]
+    pub log: LogArgs,
+
+    /// Print one JSON object instead of a sentence.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The lock's name.
+    pub name: String,
+}
+
+/// Arguments of `lockrun release`.
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    /// Backend options.
+    #[command(flatten)]
+    pub backend: BackendArgs,
+
+    /// Logging options.
+    #[command(flatten)]
+    pub log: LogArgs,
+
+    /// Confirm that the lock is to be broken whoever holds it. The holder's command
+    /// keeps running until its lockrun notices the loss (at its next renewal).
+    #[arg(long, required = true)]
+    pub force: bool,
+
+    /// The lock's name.
+    pub name: String,
+}
+
+/// Parses a humantime duration ("0" means zero).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{e} (examples: 500ms, 30s, 5m, \"1h 30m\")"))
+}
+
+/// The subcommand names; anything else in first position means `run`.
+const SUBCOMMANDS: &[&str] = &["run", "status", "release", "help"];
+
+/// Inserts the default subcommand `run` unless the first argument names a subcommand
+/// or asks for help or the version.
+pub fn with_default_subcommand(mut args: Vec<OsString>) -> Vec<OsString> {
+    let first = args.get(1).and_then(|a| a.to_str());
+    let explicit = match first {
+        None => true,
+        Some(a) => SUBCOMMANDS.contains(&a) || matches!(a, "-h" | "--help" | "-V" | "--version"),
+    };
+    if !explicit {
+        args.insert(1, OsString::from("run"));
+    }
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+        Cli::try_parse_from(with_default_subcommand(args))
+    }
+
+    #[test]
+    fn run_is_the_default_subcommand() {
+        let cli = parse(&["lockrun", "--ttl", "5s", "job", "--", "true"]).unwrap();
+        let Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(run.name, "job");
+        assert_eq!(run.ttl, Duration::from_secs(5));
+        assert_eq!(run.command, vec![OsString::from("true")]);
+    }
+
+    #[test]
+    fn run_status_locks_a_lock_named_status() {
+        let cli = parse(&["lockrun", "run", "status", "--", "echo", "hi"]).unwrap();
+        let Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(run.name, "status");
+    }
+
+    #[test]
+    fn status_and_release_are_subcommands() {
+        assert!(
+            matches!(parse(&["lockrun", "status", "--json", "job"]).unwrap().command, Command::Status(s) if s.json)
+        );
+        assert!(matches!(
+            parse(&["lockrun", "release", "--force", "job"])
+                .unwrap()
+                .command,
+            Command::Release(_)
+        ));
+        assert!(
+            parse(&["lockrun", "release", "job"]).is_err(),
+            "release needs --force"
+        );
+    }
+
+    #[test]
+    fn the_command_must_follow_a_double_dash() {
+        assert!(parse(&["lockrun", "job"]).is_err());
+        assert!(parse(&["lockrun", "job", "true"]).is_err());
+        let cli = parse(&["lockrun", "job", "--", "sh", "-c", "exit 3"]).unwrap();
+        let Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(run.command.len(), 3);
+    }
+
+    #[test]
+    fn durations_use_humantime() {
+        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert!(parse_duration("5x").unwrap_err().contains("examples"));
+    }
+
+    #[test]
+    fn help_and_version_are_not_taken_for_a_lock_name() {
+        assert_eq!(
+            with_default_subcommand(vec!["lockrun".into(), "--help".into()]).len(),
+            2
+        );
+        assert_eq!(
+            with_default_subcommand(vec!["lockrun".into(), "-V".into()]).len(),
+            2
+        );
+    }
+
+    #[test]
+    fn clap_definitions_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,186 @@
+//! Time for lease deadlines: `CLOCK_BOOTTIME`, which keeps counting while the
+//! machine is suspended (a frozen VM, a laptop lid), and a timer that fires on it.
+//!
+//! `CLOCK_MONOTONIC` (tokio's clock) stops during suspend, so a lease measured with it
+//! would look longer than the server's TTL after a resume. Every deadline in
+//! [`crate::lease`] is an [`Instant`] of this clock; [`Timer`] wakes the driver when
+//! the earliest one is due, and fires at once after a resume if it was passed meanwhile.
+//! Depends on nothing else in the crate.
+
+use std::io;
+use std::ops::{Add, Sub};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::time::Duration;
+
+use nix::sys::time::TimeSpec;
+use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
+use nix::time::clock_gettime;
+use tokio::io::unix::AsyncFd;
+
+/// A point in time on `CLOCK_BOOTTIME`: time since boot, suspend included.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Instant(Duration);
+
+impl Instant {
+    /// The current time.
+    pub fn now() -> Instant {
+        // CLOCK_BOOTTIME cannot fail on Linux ≥ 2.6.39; fall back to zero rather than
+        // panic, which only makes every deadline look already passed (fail closed).
+        let ts = clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+            .unwrap_or_else(|_| TimeSpec::new(0, 0));
+        Instant(Duration::from(ts))
+    }
+
+    /// An instant at `since_boot` (for tests of the pure state machines).
+    pub const fn from_since_boot(since_boot: Duration) -> Instant {
+        Instant(since_boot)
+    }
+
+    /// Time from `earlier` to `self`, zero if `earlier` is later.
+    pub fn saturating_since(self, earlier: Instant) -> Duration {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+impl Add<Duration> for Instant {
+    type Output = Instant;
+    fn add(self, d: Duration) -> Instant {
+        Instant(self.0.saturating_add(d))
+    }
+}
+
+impl Sub<Duration> for Instant {
+    type Output = Instant;
+    fn sub(self, d: Duration) -> Instant {
+        Instant(self.0.saturating_sub(d))
+    }
+}
+
+/// A one-shot timer on `CLOCK_BOOTTIME` (a non-blocking `timerfd` with an absolute
+/// expiry), usable from tokio.
+pub struct Timer {
+    fd: AsyncFd<OwnedTimerFd>,
+    armed: bool,
+}
+
+/// The timerfd, owned, with the raw-fd view tokio's reactor needs.
+struct OwnedTimerFd(TimerFd);
+
+impl AsRawFd for OwnedTimerFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+impl Timer {
+    /// Creates a disarmed timer.
+    pub fn new() -> io::Result<Timer> {
+        let fd = TimerFd::new(
+            ClockId::CLOCK_BOOTTIME,
+            TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
+        )?;
+        Ok(Timer {
+            fd: register(OwnedTimerFd(fd))?,
+            armed: false,
+        })
+    }
+
+    /// Arms the timer to fire at `at` (at once if `at` has passed), or disarms it.
+    pub fn set(&mut self, at: Option<Instant>) -> io::Result<()> {
+        match at {
+            Some(at) => {
+                // A zero it_value would disarm the timer: never ask for time zero.
+                let at = at.0.max(Duration::from_nanos(1));
+                self.fd.get_ref().0.set(
+                    Expiration::OneShot(TimeSpec::from_duration(at)),
+                    TimerSetTimeFlags::TFD_TIMER_ABSTIME,
+                )?;
+                self.armed = true;
+            }
+            None => {
+                self.fd.get_ref().0.unset()?;
+                self.armed = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until the armed expiry; never returns while the timer is disarmed.
+    pub async fn fired(&mut self) -> io::Result<()> {
+        if !self.armed {
+            return std::future::pending().await;
+        }
+        loop {
+            let mut guard = self.fd.readable().await?;
+            match guard.get_inner().0.wait() {
+                Ok(()) => {
+                    self.armed = false;
+                    return Ok(());
+                }
+                Err(nix::errno::Errno::EAGAIN) => guard.clear_ready(),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+/// Registers the timer with tokio's reactor.
+#[allow(unsafe_code)]
+fn register(fd: OwnedTimerFd) -> io::Result<AsyncFd<OwnedTimerFd>> {
+    // SAFETY: the AsyncFd owns the OwnedTimerFd, which owns the descriptor, so the
+    // descriptor stays open for as long as it is registered, and nothing else closes it.
+    unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instant_arithmetic_saturates() {
+        let t = Instant::from_since_boot(Duration::from_secs(5));
+        assert_eq!(
+            t - Duration::from_secs(10),
+            Instant::from_since_boot(Duration::ZERO)
+        );
+        assert_eq!(
+            (t + Duration::from_secs(1)).saturating_since(t),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            t.saturating_since(t + Duration::from_secs(1)),
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn now_is_monotonic() {
+        let a = Instant::now();
+        let b = Instant::now();
+        assert!(b >= a);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn timer_fires_at_the_armed_instant_and_at_once_when_past() {
+        let mut timer = Timer::new().unwrap();
+        let start = Instant::now();
+        timer.set(Some(start + Duration::from_millis(30))).unwrap();
+        timer.fired().await.unwrap();
+        assert!(Instant::now().saturating_since(start) >= Duration::from_millis(30));
+
+        timer.set(Some(start)).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), timer.fired())
+            .await
+            .expect("a timer armed in the past fires at once")
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn disarmed_timer_never_fires() {
+        let mut timer = Timer::new().unwrap();
+        timer.set(Some(Instant::now())).unwrap();
+        timer.set(None).unwrap();
+        let r = tokio::time::timeout(Duration::from_millis(50), timer.fired()).await;
+        assert!(r.is_err());
+    }
+}

@@ -1,0 +1,130 @@
+//! lockrun: run a command under a named distributed lock.
+//!
+//! A map of the crate, in the order a run flows through it:
+//!
+//! - [`cli`]: the command line as typed (clap). [`config`] checks it into a
+//!   [`config::RunConfig`]: the only configuration the rest of the code sees.
+//! - [`backend`]: the [`backend::Backend`] trait (acquire, renew, release, inspect)
+//!   with typed results; [`backend::redis`] implements it with one Lua script a step.
+//! - [`run`]: the async driver. It acquires (waiting if asked), spawns the command
+//!   through [`supervisor`], then feeds timer ticks ([`clock`], on `CLOCK_BOOTTIME`),
+//!   renewal replies and child exits into the pure lease machine [`lease`], and carries
+//!   out what it decides: renew, send the kill signal, SIGKILL. When the command's
+//!   whole process group is gone, it releases the lock.
+//! - [`supervisor`]: process group, parent-death signal, subreaper, signal forwarding
+//!   and the only `waitpid` in the program.
+//! - [`outcome`]: how a run ended and its exit status; [`log`]: text or JSON lines
+//!   on stderr; [`admin`]: `status` and `release --force`; [`token`]: randomness.
+//!
+//! `main.rs` only parses, builds a current-thread runtime (the thread that spawns the
+//! command must outlive it, for the parent-death signal) and calls [`main_with`].
+
+pub mod admin;
+pub mod backend;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod lease;
+pub mod log;
+pub mod outcome;
+pub mod run;
+pub mod supervisor;
+pub mod token;
+
+use std::ffi::OsString;
+
+use clap::Parser;
+
+use crate::backend::redis::RedisBackend;
+use crate::cli::{Cli, Command, LogArgs};
+use crate::config::{BackendConfig, LockName, RunConfig};
+use crate::log::{Format, Logger};
+use crate::outcome::Outcome;
+
+/// Runs lockrun with `args` (argv, program name first) and returns the exit status.
+pub fn main_with(args: Vec<OsString>) -> u8 {
+    let cli = match Cli::try_parse_from(cli::with_default_subcommand(args.clone())) {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(&e, &args),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return run::fail(&format!("cannot start the async runtime: {e}")).exit_code(),
+    };
+    let password = std::env::var("LOCKRUN_PASSWORD").ok();
+    match cli.command {
+        Command::Run(args) => {
+            install_logger(&args.log, &args.name);
+            let cfg = match RunConfig::from_args(&args, password) {
+                Ok(cfg) => cfg,
+                Err(e) => {
+                    return run::fail(&format!("{e}; the command was not started")).exit_code()
+                }
+            };
+            let backend = RedisBackend::new(cfg.backend.clone(), !cfg.wait.is_zero());
+            runtime.block_on(run::run(&cfg, &backend)).exit_code()
+        }
+        Command::Status(args) => {
+            install_logger(&args.log, &args.name);
+            match admin_backend(&args.backend, &args.name, password) {
+                Ok(b) => runtime.block_on(admin::status(&b, &args.name, args.json)),
+                Err(code) => code,
+            }
+        }
+        Command::Release(args) => {
+            install_logger(&args.log, &args.name);
+            match admin_backend(&args.backend, &args.name, password) {
+                Ok(b) => runtime.block_on(admin::force_release(&b, &args.name)),
+                Err(code) => code,
+            }
+        }
+    }
+}
+
+fn install_logger(args: &LogArgs, lock: &str) {
+    Logger::new(
+        args.log_format,
+        Logger::level_for(args.quiet, args.verbose),
+        lock,
+    )
+    .install();
+}
+
+fn admin_backend(
+    args: &cli::BackendArgs,
+    name: &str,
+    password: Option<String>,
+) -> Result<RedisBackend, u8> {
+    let checked = LockName::parse(name).and_then(|_| BackendConfig::from_args(args, password));
+    match checked {
+        Ok(cfg) => Ok(RedisBackend::new(cfg, false)),
+        Err(e) => Err(run::fail(&e.to_string()).exit_code()),
+    }
+}
+
+/// Prints a clap error as one line (help and version go to stdout with status 0).
+fn usage_error(e: &clap::Error, args: &[OsString]) -> u8 {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        let _ = e.print();
+        return 0;
+    }
+    // The log format may not have been parsed: look for it by hand.
+    let json = std::env::var("LOCKRUN_LOG_FORMAT").is_ok_and(|f| f == "json")
+        || args
+            .windows(2)
+            .any(|w| w[0] == "--log-format" && w[1] == "json")
+        || args.iter().any(|a| a == "--log-format=json");
+    let format = if json { Format::Json } else { Format::Text };
+    Logger::new(format, log::Level::Error, "").install();
+    let rendered = e.to_string();
+    let first = rendered.lines().next().unwrap_or("invalid arguments");
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    run::fail(&format!(
+        "{first} (see 'lockrun --help'); the command was not started"
+    ));
+    Outcome::Failed.exit_code()
+}

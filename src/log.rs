@@ -1,0 +1,173 @@
+//! lockrun's own lines on stderr: short human text by default, one JSON object a line
+//! with `--log-format json`. The command's output never passes through here (its
+//! stdio is inherited), so the two are never mixed within a line.
+//!
+//! A process-wide logger set once by `main` after parsing; before that, text at the
+//! normal level. Messages are built by the callers and never contain secrets: URLs are
+//! shown as `host:port` only. Depends on nothing else in the crate.
+
+use std::io::Write;
+use std::sync::OnceLock;
+use std::time::SystemTime;
+
+use serde_json::{Map, Value};
+
+/// How lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// `lockrun: <message>`.
+    Text,
+    /// One JSON object a line with `ts`, `level`, `event`, `lock`, `msg` and fields.
+    Json,
+}
+
+/// Importance of a line. `-q` shows errors only, the default adds warnings, `-v`
+/// adds info and `-vv` debug.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// lockrun failed or stopped the command.
+    Error,
+    /// Something an operator should know (busy lock, renewal trouble).
+    Warn,
+    /// The normal course of a run (acquired, released).
+    Info,
+    /// Every renewal.
+    Debug,
+}
+
+impl Level {
+    fn as_str(self) -> &'static str {
+        match self {
+            Level::Error => "error",
+            Level::Warn => "warn",
+            Level::Info => "info",
+            Level::Debug => "debug",
+        }
+    }
+}
+
+/// The logger's settings.
+#[derive(Clone, Debug)]
+pub struct Logger {
+    format: Format,
+    max_level: Level,
+    lock: String,
+}
+
+static LOGGER: OnceLock<Logger> = OnceLock::new();
+
+impl Logger {
+    /// A logger writing `format`, showing lines up to `max_level`, about lock `lock`.
+    pub fn new(format: Format, max_level: Level, lock: &str) -> Logger {
+        Logger {
+            format,
+            max_level,
+            lock: lock.to_owned(),
+        }
+    }
+
+    /// The level for `-q` (quiet) and a count of `-v`.
+    pub fn level_for(quiet: bool, verbose: u8) -> Level {
+        match (quiet, verbose) {
+            (true, _) => Level::Error,
+            (false, 0) => Level::Warn,
+            (false, 1) => Level::Info,
+            (false, _) => Level::Debug,
+        }
+    }
+
+    /// Makes this the process-wide logger (the first call wins).
+    pub fn install(self) {
+        let _ = LOGGER.set(self);
+    }
+
+    /// Renders one line (without the newline), or `None` if the level is filtered.
+    pub fn render(
+        &self,
+        level: Level,
+        event: &str,
+        msg: &str,
+        fields: &[(&str, Value)],
+    ) -> Option<String> {
+        if level > self.max_level {
+            return None;
+        }
+        Some(match self.format {
+            Format::Text => format!("lockrun: {msg}"),
+            Format::Json => {
+                let mut obj = Map::new();
+                let ts = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+                obj.insert("ts".into(), Value::String(ts));
+                obj.insert("level".into(), level.as_str().into());
+                obj.insert("event".into(), event.into());
+                obj.insert("lock".into(), self.lock.clone().into());
+                obj.insert("msg".into(), msg.into());
+                for (k, v) in fields {
+                    obj.insert((*k).to_owned(), v.clone());
+                }
+                Value::Object(obj).to_string()
+            }
+        })
+    }
+}
+
+/// Writes one line through the process-wide logger.
+pub fn emit(level: Level, event: &str, msg: &str, fields: &[(&str, Value)]) {
+    let fallback;
+    let logger = match LOGGER.get() {
+        Some(l) => l,
+        None => {
+            fallback = Logger::new(Format::Text, Level::Warn, "");
+            &fallback
+        }
+    };
+    if let Some(line) = logger.render(level, event, msg, fields) {
+        // One write call per line, so concurrent writers do not interleave within it.
+        let mut stderr = std::io::stderr().lock();
+        let _ = stderr.write_all(format!("{line}\n").as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_lines_are_prefixed_and_filtered_by_level() {
+        let l = Logger::new(Format::Text, Level::Warn, "job");
+        assert_eq!(
+            l.render(Level::Warn, "busy", "lock is busy", &[]).unwrap(),
+            "lockrun: lock is busy"
+        );
+        assert!(l.render(Level::Info, "acquired", "x", &[]).is_none());
+        assert!(l.render(Level::Error, "error", "x", &[]).is_some());
+    }
+
+    #[test]
+    fn json_lines_carry_the_required_keys_and_fields() {
+        let l = Logger::new(Format::Json, Level::Debug, "job");
+        let line = l
+            .render(
+                Level::Info,
+                "acquired",
+                "acquired \"job\"",
+                &[("fencing_token", 42.into())],
+            )
+            .unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["level"], "info");
+        assert_eq!(v["event"], "acquired");
+        assert_eq!(v["lock"], "job");
+        assert_eq!(v["fencing_token"], 42);
+        assert!(v["ts"].as_str().unwrap().ends_with('Z'));
+        assert!(!line.contains('\n'));
+    }
+
+    #[test]
+    fn verbosity_flags_map_to_levels() {
+        assert_eq!(Logger::level_for(true, 3), Level::Error);
+        assert_eq!(Logger::level_for(false, 0), Level::Warn);
+        assert_eq!(Logger::level_for(false, 1), Level::Info);
+        assert_eq!(Logger::level_for(false, 2), Level::Debug);
+    }
+}
