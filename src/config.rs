@@ -43,6 +43,19 @@ pub enum ConfigError {
     /// The URL could not be parsed (the URL itself is not shown: it may hold a password).
     #[error("the backend URL is not valid: expected redis://[user:password@]host:port[/db]")]
     BadUrl,
+    /// A TLS file named in the environment could not be read.
+    #[error("cannot read {var} ({path}): {reason}")]
+    TlsFile {
+        /// The environment variable that named it.
+        var: &'static str,
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// Only one half of a client certificate was given.
+    #[error("LOCKRUN_TLS_CERT and LOCKRUN_TLS_KEY go together: set both or neither")]
+    TlsHalfPair,
     /// The password file could not be read.
     #[error("cannot read the password file {path}: {reason}")]
     PasswordFile {
@@ -75,11 +88,61 @@ impl LockName {
     }
 }
 
+/// TLS material for `rediss://`, read from the files named by `LOCKRUN_TLS_CA`,
+/// `LOCKRUN_TLS_CERT` and `LOCKRUN_TLS_KEY` (PEM). Without a CA the system roots are
+/// used.
+#[derive(Clone, Default)]
+pub struct TlsFiles {
+    /// A private CA to trust instead of the system roots.
+    pub ca: Option<Vec<u8>>,
+    /// A client certificate and its key.
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for TlsFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print key material.
+        f.debug_struct("TlsFiles")
+            .field("ca", &self.ca.is_some())
+            .field("client", &self.client.is_some())
+            .finish()
+    }
+}
+
+impl TlsFiles {
+    /// Reads the files named in the environment (`get` looks a variable up).
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<TlsFiles, ConfigError> {
+        let read = |var: &'static str| -> Result<Option<Vec<u8>>, ConfigError> {
+            match get(var).filter(|p| !p.is_empty()) {
+                None => Ok(None),
+                Some(path) => std::fs::read(&path)
+                    .map(Some)
+                    .map_err(|e| ConfigError::TlsFile {
+                        var,
+                        path,
+                        reason: e.kind().to_string(),
+                    }),
+            }
+        };
+        let client = match (read("LOCKRUN_TLS_CERT")?, read("LOCKRUN_TLS_KEY")?) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => return Err(ConfigError::TlsHalfPair),
+        };
+        Ok(TlsFiles {
+            ca: read("LOCKRUN_TLS_CA")?,
+            client,
+        })
+    }
+}
+
 /// Where the lock lives.
 #[derive(Clone, Debug)]
 pub struct BackendConfig {
     /// Connection details of the Redis server.
     pub redis: redis::ConnectionInfo,
+    /// TLS material, for `rediss://` only.
+    pub tls: Option<TlsFiles>,
     /// `host:port` of the server, for messages (never the full URL).
     pub display: String,
     /// The namespace of the keys.
@@ -112,7 +175,12 @@ impl BackendConfig {
             let settings = info.redis_settings().clone().set_password(password);
             info = info.set_redis_settings(settings);
         }
+        let tls = match scheme {
+            "rediss" => Some(TlsFiles::from_env(|v| std::env::var(v).ok())?),
+            _ => None,
+        };
         Ok(BackendConfig {
+            tls,
             display: info.addr().to_string(),
             redis: info,
             key_prefix: args.key_prefix.clone(),

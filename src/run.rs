@@ -273,7 +273,9 @@ async fn supervise<B: Backend>(
     let params = Params::new(cfg.ttl, cfg.renew_every, cfg.kill_after);
     let mut machine = Machine::new(params, taken.sent_at, Instant::now(), cfg.max_runtime);
     let mut renewal: Option<Renewal<'_>> = None;
-    let mut leader: Option<ChildExit> = reap(group.leader());
+    // The SIGCHLD handler was installed before the spawn, so an early exit of the
+    // command is not missed: the first `signals.recv()` reports it.
+    let mut leader: Option<ChildExit> = None;
     let mut failures = 0u32;
     loop {
         if leader.is_some() && group.is_empty() {
@@ -297,18 +299,14 @@ async fn supervise<B: Backend>(
                 })
             }
             received = signals.recv() => match received {
-                Received::Child => {
-                    let was_running = leader.is_none();
-                    if let Some(exit) = reap(group.leader()) {
+                Received::Child => match (leader, reap(group.leader())) {
+                    (None, Some(exit)) => {
                         leader = Some(exit);
-                    }
-                    if was_running && leader.is_some() {
-                        log_exit(leader.expect("just set"));
+                        log_exit(exit);
                         (!group.is_empty()).then_some(Event::CommandExited)
-                    } else {
-                        None
                     }
-                }
+                    _ => None,
+                },
                 Received::Forward(sig) => {
                     emit(Level::Info, "forwarded", &format!("forwarding {sig} to the command"), &[("signal", sig.as_str().into())]);
                     group.signal(sig);

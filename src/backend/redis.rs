@@ -152,7 +152,25 @@ impl RedisBackend {
             pushes = Some(rx);
         }
         let info = self.config.redis.clone().set_redis_settings(settings);
-        let client = redis::Client::open(info).map_err(|e| self.error(&e))?;
+        let client = match &self.config.tls {
+            None => redis::Client::open(info),
+            Some(tls) => {
+                // rustls needs a process-wide crypto provider; ring is the one built in.
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                let certs = redis::TlsCertificates {
+                    client_tls: tls
+                        .client
+                        .as_ref()
+                        .map(|(cert, key)| redis::ClientTlsConfig {
+                            client_cert: cert.clone(),
+                            client_key: key.clone(),
+                        }),
+                    root_cert: tls.ca.clone(),
+                };
+                redis::Client::build_with_tls(info, certs)
+            }
+        }
+        .map_err(|e| self.error(&e))?;
         let conn = client
             .get_multiplexed_async_connection_with_config(&conn_config)
             .await
@@ -225,6 +243,10 @@ impl RedisBackend {
                     "bad client configuration"
                 }
             )),
+            _ if is_tls_trust_error(e) => refused(&format!(
+                "presented a certificate that is not trusted ({}): set LOCKRUN_TLS_CA to the CA that signed it",
+                io_reason(e)
+            )),
             _ => BackendError::Unavailable(format!("cannot reach Redis at {at}: {}", io_reason(e))),
         }
     }
@@ -274,11 +296,16 @@ fn io_reason(e: &RedisError) -> String {
     } else if e.is_connection_dropped() {
         "connection closed".into()
     } else {
-        e.detail().map_or_else(
-            || format!("{:?}", e.kind()).to_lowercase(),
-            |d| d.to_owned(),
-        )
+        // The I/O error's own text: an OS or TLS reason, never the URL.
+        e.to_string()
     }
+}
+
+/// True for a TLS handshake that failed on the server's certificate: retrying will
+/// not help, and never falls back to plain text.
+fn is_tls_trust_error(e: &RedisError) -> bool {
+    let text = format!("{e}").to_ascii_lowercase();
+    text.contains("certificate") || text.contains("unknownissuer")
 }
 
 fn text(v: &Value) -> String {
@@ -425,10 +452,16 @@ impl Backend for RedisBackend {
             match tokio::time::timeout_at(deadline, pushes.recv()).await {
                 Err(_elapsed) => break,
                 // The connection is gone; the next call reconnects and resubscribes.
-                Ok(None) => return Ok(self.reset()),
+                Ok(None) => {
+                    self.reset();
+                    return Ok(());
+                }
                 Ok(Some(push)) => match push.kind {
                     redis::PushKind::Message => break,
-                    redis::PushKind::Disconnection => return Ok(self.reset()),
+                    redis::PushKind::Disconnection => {
+                        self.reset();
+                        return Ok(());
+                    }
                     _ => continue,
                 },
             }
