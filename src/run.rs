@@ -224,12 +224,15 @@ async fn acquire<B: Backend>(
 }
 
 /// Best-effort cleanup when giving up: leave the queue and delete the lock if (and
-/// only if) it holds our token.
+/// only if) it holds our token. Bounded by one request timeout in all: if it fails,
+/// the lease expires within the TTL anyway.
 async fn abandon<B: Backend>(cfg: &RunConfig, backend: &B, token: &str) {
     let name = cfg.name.as_str();
-    let t = request_timeout(cfg.ttl);
-    let _ = tokio::time::timeout(t, backend.stop_waiting(name)).await;
-    let _ = tokio::time::timeout(t, backend.release(name, token, Release::Now)).await;
+    let cleanup = async {
+        let _ = backend.stop_waiting(name).await;
+        let _ = backend.release(name, token, Release::Now).await;
+    };
+    let _ = tokio::time::timeout(request_timeout(cfg.ttl), cleanup).await;
 }
 
 fn busy(cfg: &RunConfig, holder: &Holder, waited: Duration) -> Outcome {
