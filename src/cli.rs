@@ -142,6 +142,12 @@ pub struct RunArgs {
     #[arg(long, env = "LOCKRUN_MAX_RUNTIME", value_parser = parse_duration, value_name = "DURATION")]
     pub max_runtime: Option<Duration>,
 
+    /// After every run (ran, busy, lost or failed), atomically replace this file with
+    /// Prometheus text-format gauges for node_exporter's textfile collector (use one
+    /// file per lock, named *.prom).
+    #[arg(long, env = "LOCKRUN_METRICS_FILE", value_name = "PATH")]
+    pub metrics_file: Option<PathBuf>,
+
     /// The lock's name: 1 to 200 bytes of A-Z a-z 0-9 . _ - : /
     pub name: String,
 

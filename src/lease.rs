@@ -43,6 +43,16 @@ impl StopReason {
         }
     }
 
+    /// A stable snake_case name for JSON logs.
+    pub fn code(self) -> &'static str {
+        match self {
+            StopReason::LeaseLost => "lease_lost",
+            StopReason::LeaseExpiring => "lease_expiring",
+            StopReason::MaxRuntime => "max_runtime",
+            StopReason::Leftovers => "leftovers",
+        }
+    }
+
     /// A short phrase for logs.
     pub fn describe(self) -> &'static str {
         match self {

@@ -13,8 +13,9 @@
 //!   whole process group is gone, it releases the lock.
 //! - [`supervisor`]: process group, parent-death signal, subreaper, signal forwarding
 //!   and the only `waitpid` in the program.
-//! - [`outcome`]: how a run ended and its exit status; [`log`]: text or JSON lines
-//!   on stderr; [`admin`]: `status` and `release --force`; [`token`]: randomness.
+//! - [`outcome`]: how a run ended and its exit status; [`metrics`]: the
+//!   `--metrics-file` written after every run; [`log`]: text or JSON lines on stderr;
+//!   [`admin`]: `status` and `release --force`; [`token`]: randomness.
 //!
 //! `main.rs` only parses, builds a current-thread runtime (the thread that spawns the
 //! command must outlive it, for the parent-death signal) and calls [`main_with`].
@@ -26,12 +27,14 @@ pub mod clock;
 pub mod config;
 pub mod lease;
 pub mod log;
+pub mod metrics;
 pub mod outcome;
 pub mod run;
 pub mod supervisor;
 pub mod token;
 
 use std::ffi::OsString;
+use std::time::Duration;
 
 use clap::Parser;
 
@@ -39,6 +42,7 @@ use crate::backend::redis::RedisBackend;
 use crate::cli::{Cli, Command, LogArgs};
 use crate::config::{BackendConfig, LockName, RunConfig};
 use crate::log::{Format, Logger};
+use crate::metrics::RunReport;
 use crate::outcome::Outcome;
 
 /// Runs lockrun with `args` (argv, program name first) and returns the exit status.
@@ -58,14 +62,24 @@ pub fn main_with(args: Vec<OsString>) -> u8 {
     match cli.command {
         Command::Run(args) => {
             install_logger(&args.log, &args.name);
-            let cfg = match RunConfig::from_args(&args, password) {
-                Ok(cfg) => cfg,
-                Err(e) => {
-                    return run::fail(&format!("{e}; the command was not started")).exit_code()
+            let report = match RunConfig::from_args(&args, password) {
+                Ok(cfg) => {
+                    let backend = RedisBackend::new(cfg.backend.clone(), !cfg.wait.is_zero());
+                    runtime.block_on(run::run(&cfg, &backend))
                 }
+                Err(e) => RunReport {
+                    outcome: run::fail(&format!("{e}; the command was not started")),
+                    waited: Duration::ZERO,
+                    held: Duration::ZERO,
+                },
             };
-            let backend = RedisBackend::new(cfg.backend.clone(), !cfg.wait.is_zero());
-            runtime.block_on(run::run(&cfg, &backend)).exit_code()
+            if let Some(path) = &args.metrics_file {
+                if let Err(e) = metrics::write(path, &args.name, &report) {
+                    let msg = format!("cannot write the metrics file {}: {e}", path.display());
+                    log::emit(log::Level::Warn, "metrics_failed", &msg, &[]);
+                }
+            }
+            report.outcome.exit_code()
         }
         Command::Status(args) => {
             install_logger(&args.log, &args.name);

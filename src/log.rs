@@ -105,6 +105,7 @@ impl Logger {
                 for (k, v) in fields {
                     obj.insert((*k).to_owned(), v.clone());
                 }
+                // (Keys keep this order: serde_json's preserve_order feature.)
                 Value::Object(obj).to_string()
             }
         })
@@ -161,6 +162,7 @@ mod tests {
         assert_eq!(v["fencing_token"], 42);
         assert!(v["ts"].as_str().unwrap().ends_with('Z'));
         assert!(!line.contains('\n'));
+        assert!(line.starts_with("{\"ts\":"), "ts comes first: {line}");
     }
 
     #[test]

@@ -16,8 +16,10 @@ pub enum Outcome {
     /// The lock was held by someone else; the command was not started. Carries the
     /// `--conflict-exit-code`.
     Busy(u8),
-    /// lockrun stopped the command: the lock was lost or `--max-runtime` was reached.
-    Stopped,
+    /// lockrun stopped the command because the lock was lost.
+    LockLost,
+    /// lockrun stopped the command because `--max-runtime` was reached.
+    MaxRuntime,
     /// lockrun failed before starting the command (usage, configuration, backend).
     Failed,
     /// The command was found but could not be executed.
@@ -35,7 +37,7 @@ impl Outcome {
                 128u8.saturating_add(u8::try_from(sig).unwrap_or(127))
             }
             Outcome::Busy(code) => code,
-            Outcome::Stopped => 124,
+            Outcome::LockLost | Outcome::MaxRuntime => 124,
             Outcome::Failed => 125,
             Outcome::CannotExecute => 126,
             Outcome::NotFound => 127,
@@ -43,13 +45,15 @@ impl Outcome {
     }
 
     /// The word used in logs and metrics for this outcome: `ran`, `busy`, `lost` or
-    /// `error`.
+    /// `error` (a command stopped at `--max-runtime` counts as an error: the job did
+    /// not finish).
     pub fn kind(self) -> &'static str {
         match self {
             Outcome::Exited(_) | Outcome::Signaled(_) => "ran",
             Outcome::Busy(_) => "busy",
-            Outcome::Stopped => "lost",
-            Outcome::Interrupted(_)
+            Outcome::LockLost => "lost",
+            Outcome::MaxRuntime
+            | Outcome::Interrupted(_)
             | Outcome::Failed
             | Outcome::CannotExecute
             | Outcome::NotFound => "error",
@@ -70,7 +74,8 @@ mod tests {
         assert_eq!(Outcome::Interrupted(2).exit_code(), 130);
         assert_eq!(Outcome::Busy(DEFAULT_CONFLICT_EXIT_CODE).exit_code(), 75);
         assert_eq!(Outcome::Busy(0).exit_code(), 0);
-        assert_eq!(Outcome::Stopped.exit_code(), 124);
+        assert_eq!(Outcome::LockLost.exit_code(), 124);
+        assert_eq!(Outcome::MaxRuntime.exit_code(), 124);
         assert_eq!(Outcome::Failed.exit_code(), 125);
         assert_eq!(Outcome::CannotExecute.exit_code(), 126);
         assert_eq!(Outcome::NotFound.exit_code(), 127);
@@ -81,7 +86,8 @@ mod tests {
         assert_eq!(Outcome::Exited(3).kind(), "ran");
         assert_eq!(Outcome::Signaled(15).kind(), "ran");
         assert_eq!(Outcome::Busy(75).kind(), "busy");
-        assert_eq!(Outcome::Stopped.kind(), "lost");
+        assert_eq!(Outcome::LockLost.kind(), "lost");
+        assert_eq!(Outcome::MaxRuntime.kind(), "error");
         assert_eq!(Outcome::Failed.kind(), "error");
         assert_eq!(Outcome::NotFound.kind(), "error");
     }

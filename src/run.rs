@@ -16,6 +16,7 @@ use crate::clock::{Instant, Timer};
 use crate::config::RunConfig;
 use crate::lease::{Event, GroupSignal, Machine, Params, StopReason};
 use crate::log::{emit, Level};
+use crate::metrics::RunReport;
 use crate::outcome::Outcome;
 use crate::supervisor::{reap, ChildExit, Group, Received, Signals, SpawnError};
 
@@ -36,12 +37,18 @@ struct Taken {
     waited: Duration,
 }
 
-/// Runs `cfg` against `backend` and says how it ended. Every outcome other than the
-/// command's own exit has been logged when this returns.
-pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> Outcome {
+/// Runs `cfg` against `backend` and reports how it ended. Every outcome other than
+/// the command's own exit has been logged when this returns.
+pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
+    let started = tokio::time::Instant::now();
+    let report = |outcome: Outcome| RunReport {
+        outcome,
+        waited: started.elapsed(),
+        held: Duration::ZERO,
+    };
     let mut signals = match Signals::install() {
         Ok(s) => s,
-        Err(e) => return fail(&format!("cannot install signal handlers: {e}")),
+        Err(e) => return report(fail(&format!("cannot install signal handlers: {e}"))),
     };
     if let Err(e) = crate::supervisor::become_subreaper() {
         emit(
@@ -60,7 +67,7 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> Outcome {
     };
     let taken = match acquire(cfg, backend, &req, &mut signals).await {
         Ok(t) => t,
-        Err(outcome) => return outcome,
+        Err(outcome) => return report(outcome),
     };
     emit(
         Level::Info,
@@ -86,9 +93,8 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> Outcome {
         Ok(t) => t,
         Err(e) => {
             abandon(cfg, backend, &req.token).await;
-            return fail(&format!(
-                "cannot create the lease timer: {e}; the command was not started"
-            ));
+            let msg = format!("cannot create the lease timer: {e}; the command was not started");
+            return report(fail(&msg));
         }
     };
     let outcome = match Group::spawn(&cfg.command, &env) {
@@ -109,7 +115,11 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> Outcome {
         &format!("finished with exit status {}", outcome.0.exit_code()),
         &fields,
     );
-    outcome.0
+    RunReport {
+        outcome: outcome.0,
+        waited: taken.waited,
+        held: hold,
+    }
 }
 
 /// Logs a failure before the command started and returns [`Outcome::Failed`].
@@ -342,18 +352,19 @@ async fn supervise<B: Backend>(
             Some(r @ (StopReason::LeaseLost | StopReason::LeaseExpiring | StopReason::MaxRuntime)),
             _,
         ) => {
-            let what = if r.is_loss() { "lost" } else { "max_runtime" };
-            emit(
-                Level::Error,
-                what,
-                &format!("stopped the command: {}", r.describe()),
-                &[("reason", what.into())],
-            );
-            Outcome::Stopped
+            let (event, outcome) = if r.is_loss() {
+                ("lost", Outcome::LockLost)
+            } else {
+                ("max_runtime", Outcome::MaxRuntime)
+            };
+            let msg = format!("stopped the command: {}", r.describe());
+            emit(Level::Error, event, &msg, &[("reason", r.code().into())]);
+            outcome
         }
         (_, Some(ChildExit::Code(c))) => Outcome::Exited(c),
         (_, Some(ChildExit::Signal(s))) => Outcome::Signaled(s),
-        (_, None) => Outcome::Stopped,
+        // The loop only ends once the leader was reaped.
+        (_, None) => Outcome::LockLost,
     };
     (outcome, machine.holds_lease())
 }
@@ -393,7 +404,7 @@ fn carry_out(cfg: &RunConfig, group: &Group, signal: GroupSignal) {
         ),
         &[
             ("signal", sig.as_str().into()),
-            ("reason", format!("{reason:?}").into()),
+            ("reason", reason.code().into()),
         ],
     );
     group.signal(sig);
