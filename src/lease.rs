@@ -76,13 +76,16 @@ pub struct Params {
     /// Grace between the kill signal and SIGKILL.
     pub kill_after: Duration,
     /// Taken off every deadline: server and host clocks may run at slightly
-    /// different rates.
+    /// different rates, and lockrun's own timer may wake a little late on a busy
+    /// machine.
     pub drift: Duration,
 }
 
 impl Params {
     /// Timings for a lease of `ttl` renewed every `renew_every`, with `kill_after` of
-    /// grace: drift is 1% of the TTL plus 2 ms (Redlock's rule), retries come four
+    /// grace: drift is 1% of the TTL (Redlock's clock-rate allowance) plus 50 ms for
+    /// the time between a timer's expiry and the SIGKILL on a loaded host, at most a
+    /// quarter of the TTL; retries come four
     /// times per renewal period (at most once a second, at least every 10 ms).
     pub fn new(ttl: Duration, renew_every: Duration, kill_after: Duration) -> Params {
         Params {
@@ -90,7 +93,7 @@ impl Params {
             renew_every,
             retry_every: (renew_every / 4).clamp(Duration::from_millis(10), Duration::from_secs(1)),
             kill_after,
-            drift: ttl / 100 + Duration::from_millis(2),
+            drift: (ttl / 100 + Duration::from_millis(50)).min(ttl / 4),
         }
     }
 

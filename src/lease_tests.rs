@@ -9,7 +9,7 @@ fn at(ms: u64) -> Instant {
     Instant::from_since_boot(Duration::from_millis(ms))
 }
 
-/// TTL 3000 ms, renew every 1000 ms, kill-after 500 ms: drift = 32 ms, grace = 500 ms,
+/// TTL 3000 ms, renew every 1000 ms, kill-after 500 ms: drift = 80 ms, grace = 500 ms,
 /// retry every 250 ms.
 fn params() -> Params {
     Params::new(3000 * MS, 1000 * MS, 500 * MS)
@@ -19,12 +19,17 @@ fn machine() -> Machine {
     Machine::new(params(), at(1000), at(1010), None)
 }
 
-const DEADLINE: u64 = 1000 + 3000 - 32;
+const DEADLINE: u64 = 1000 + 3000 - 80;
 
 #[test]
 fn params_derive_drift_grace_and_retry() {
     let p = params();
-    assert_eq!(p.drift, 32 * MS);
+    assert_eq!(p.drift, 80 * MS);
+    assert_eq!(
+        Params::new(100 * MS, 50 * MS, MS).drift,
+        25 * MS,
+        "at most a quarter of a short TTL"
+    );
     assert_eq!(p.grace(), 500 * MS);
     assert_eq!(p.retry_every, 250 * MS);
     assert_eq!(p.deadline_from(at(1000)), at(DEADLINE));
@@ -75,7 +80,7 @@ fn renew_ok_counts_the_deadline_from_the_send_time() {
     assert_eq!(
         m.lease(),
         Lease::Held {
-            deadline: at(2000 + 2968),
+            deadline: at(2000 + 2920),
             next_renew: at(3000),
             renewing: None
         }
@@ -139,17 +144,17 @@ fn failing_renewals_send_the_kill_signal_at_the_grace_point_and_sigkill_at_the_d
 fn renewal_recovering_after_the_kill_signal_still_escalates_after_kill_after() {
     let p = Params::new(3000 * MS, 1000 * MS, 200 * MS);
     let mut m = Machine::new(p, at(1000), at(1000), None);
-    // grace = 200 ms: kill signal at 3768.
+    // grace = 200 ms: kill signal at 3720.
     m.step(Event::Tick, at(2000));
     m.step(Event::RenewFailed, at(2100));
     // The retry due since 2350 goes out with the kill signal.
-    let a = m.step(Event::Tick, at(3768));
+    let a = m.step(Event::Tick, at(3720));
     assert!(a.renew);
-    assert!(matches!(m.stop(), Stop::Terminating { kill_at, .. } if kill_at == at(3968)));
+    assert!(matches!(m.stop(), Stop::Terminating { kill_at, .. } if kill_at == at(3920)));
     m.step(Event::RenewOk, at(3810));
-    assert_eq!(m.step(Event::Tick, at(3967)).signal, None);
+    assert_eq!(m.step(Event::Tick, at(3919)).signal, None);
     assert_eq!(
-        m.step(Event::Tick, at(3968)).signal,
+        m.step(Event::Tick, at(3920)).signal,
         Some(GroupSignal::Kill(StopReason::LeaseExpiring))
     );
     // The lease is still ours: keep renewing until the group is gone, then release.
