@@ -17,7 +17,8 @@ use serde_json::{Map, Value};
 pub enum Format {
     /// `lockrun: <message>`.
     Text,
-    /// One JSON object a line with `ts`, `level`, `event`, `lock`, `msg` and fields.
+    /// One JSON object a line with `ts` (RFC 3339, microseconds), `level`, `event`,
+    /// `lock`, `msg` and fields.
     Json,
 }
 
@@ -96,7 +97,7 @@ impl Logger {
             Format::Text => format!("lockrun: {msg}"),
             Format::Json => {
                 let mut obj = Map::new();
-                let ts = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+                let ts = humantime::format_rfc3339_micros(SystemTime::now()).to_string();
                 obj.insert("ts".into(), Value::String(ts));
                 obj.insert("level".into(), level.as_str().into());
                 obj.insert("event".into(), event.into());

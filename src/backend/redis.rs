@@ -251,6 +251,43 @@ impl RedisBackend {
         }
     }
 
+    /// One run of the acquire script; as a waiter, it also joins the queue (or
+    /// refreshes this waiter's heartbeat) when the lock is busy.
+    async fn try_acquire(
+        &self,
+        name: &str,
+        req: &AcquireRequest,
+        waiter: bool,
+    ) -> Result<Acquire, BackendError> {
+        let k = Keys::new(&self.config.key_prefix, name);
+        let waiter_id = if waiter { self.waiter_id.as_str() } else { "" };
+        let reply = self
+            .eval(
+                "acquire",
+                &[&k.lock, &k.fence, &k.queue, &k.alive],
+                &[
+                    &req.token,
+                    &ms(req.ttl),
+                    &req.host,
+                    &req.pid.to_string(),
+                    waiter_id,
+                    &ms(WAITER_ALIVE),
+                ],
+            )
+            .await?;
+        let fields = array(reply);
+        match fields.split_first() {
+            Some((Value::Int(1), [fence])) => Ok(Acquire::Acquired {
+                fencing_token: number(fence),
+            }),
+            Some((Value::Int(0), rest)) => Ok(Acquire::Busy(holder(rest).unwrap_or_default())),
+            _ => Err(BackendError::Refused(format!(
+                "Redis at {} gave an unexpected answer to the acquire script",
+                self.config.display
+            ))),
+        }
+    }
+
     async fn subscribe(&self, name: &str) -> Result<(), BackendError> {
         let mut conn = self.connection().await?;
         if self.state().subscribed {
@@ -352,40 +389,16 @@ fn ms(d: Duration) -> String {
 
 impl Backend for RedisBackend {
     async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
-        let k = Keys::new(&self.config.key_prefix, name);
-        let waiter = if self.notifications {
-            // Subscribe before trying, so a release between the try and the wait is
-            // not missed. Pipelined on the same connection: no extra round trip wait.
-            self.subscribe(name).await?;
-            self.waiter_id.clone()
-        } else {
-            String::new()
-        };
-        let reply = self
-            .eval(
-                "acquire",
-                &[&k.lock, &k.fence, &k.queue, &k.alive],
-                &[
-                    &req.token,
-                    &ms(req.ttl),
-                    &req.host,
-                    &req.pid.to_string(),
-                    &waiter,
-                    &ms(WAITER_ALIVE),
-                ],
-            )
-            .await?;
-        let fields = array(reply);
-        match fields.split_first() {
-            Some((Value::Int(1), [fence])) => Ok(Acquire::Acquired {
-                fencing_token: number(fence),
-            }),
-            Some((Value::Int(0), rest)) => Ok(Acquire::Busy(holder(rest).unwrap_or_default())),
-            _ => Err(BackendError::Refused(format!(
-                "Redis at {} gave an unexpected answer to the acquire script",
-                self.config.display
-            ))),
+        let waiting = self.notifications;
+        let first = self.try_acquire(name, req, waiting).await?;
+        if !waiting || matches!(first, Acquire::Acquired { .. }) || self.state().subscribed {
+            return Ok(first);
         }
+        // Busy, and about to wait: subscribe to this waiter's wake-up channel, then try
+        // once more, so a release that came between the first try and the
+        // subscription is not missed. An uncontended run never pays for this.
+        self.subscribe(name).await?;
+        self.try_acquire(name, req, waiting).await
     }
 
     async fn renew(&self, name: &str, token: &str, ttl: Duration) -> Result<(), BackendError> {
