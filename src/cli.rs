@@ -42,7 +42,8 @@ pub enum Command {
 /// Where the lock lives.
 #[derive(Debug, Args)]
 pub struct BackendArgs {
-    /// Backend URL: redis://[user:pass@]host:port[/db] (rediss:// for TLS).
+    /// Backend URL: redis://[user:pass@]host:port[/db] (rediss:// for TLS),
+    /// postgres://[user[:pass]@]host[:port]/db[?sslmode=...], etcd://host:port[,host:port...].
     /// Prefer LOCKRUN_URL for URLs with a password: argv is visible in `ps`.
     #[arg(
         long,
@@ -65,6 +66,15 @@ pub struct BackendArgs {
         value_name = "PREFIX"
     )]
     pub key_prefix: String,
+
+    /// PostgreSQL only: the lease table (TABLE or SCHEMA.TABLE), created if missing.
+    #[arg(
+        long,
+        env = "LOCKRUN_PG_TABLE",
+        default_value = "lockrun_locks",
+        value_name = "TABLE"
+    )]
+    pub pg_table: String,
 }
 
 /// Logging on stderr.

@@ -38,7 +38,9 @@ pub enum ConfigError {
     #[error("unknown signal {0:?} for --kill-signal: use a name such as TERM, INT, HUP, QUIT, USR1, KILL, or a number")]
     BadSignal(String),
     /// The URL's scheme is not a backend this build knows.
-    #[error("unsupported backend URL scheme {0:?}: use redis:// or rediss://")]
+    #[error(
+        "unsupported backend URL scheme {0:?}: use redis://, rediss://, postgres:// or etcd://"
+    )]
     BadScheme(String),
     /// The URL could not be parsed (the URL itself is not shown: it may hold a password).
     #[error("the backend URL is not valid: expected redis://[user:password@]host:port[/db]")]
@@ -56,6 +58,18 @@ pub enum ConfigError {
     /// Only one half of a client certificate was given.
     #[error("LOCKRUN_TLS_CERT and LOCKRUN_TLS_KEY go together: set both or neither")]
     TlsHalfPair,
+    /// The PostgreSQL URL could not be parsed.
+    #[error("the PostgreSQL URL is not valid: expected postgres://[user[:password]@]host[:port]/database[?sslmode=...]")]
+    BadPostgresUrl,
+    /// The table name is not a plain SQL identifier.
+    #[error("invalid --pg-table {0:?}: use NAME or SCHEMA.NAME of letters, digits and _")]
+    BadTable(String),
+    /// The etcd URL could not be parsed.
+    #[error("the etcd URL is not valid: expected etcd://host:port[,host:port...]")]
+    BadEtcdUrl,
+    /// A password was given for etcd without a user.
+    #[error("etcd authentication needs a user: etcd://USER@host:port with the password in LOCKRUN_PASSWORD")]
+    EtcdPasswordWithoutUser,
     /// The password file could not be read.
     #[error("cannot read the password file {path}: {reason}")]
     PasswordFile {
@@ -136,14 +150,61 @@ impl TlsFiles {
     }
 }
 
+/// Connection details of one Redis server.
+#[derive(Clone, Debug)]
+pub struct RedisTarget {
+    /// Address, database, user and password (the password is redacted in `Debug`).
+    pub info: redis::ConnectionInfo,
+    /// TLS material, for `rediss://` only.
+    pub tls: Option<TlsFiles>,
+}
+
+/// Connection details of a PostgreSQL database.
+#[derive(Clone, Debug)]
+pub struct PostgresTarget {
+    /// The parsed connection settings (the password is redacted in `Debug`).
+    pub config: tokio_postgres::Config,
+    /// `sslmode` from the URL: TLS is used unless it is `disable`.
+    pub tls: bool,
+    /// The lease table, `table` or `schema.table`; created if missing.
+    pub table: String,
+}
+
+/// Connection details of an etcd cluster.
+#[derive(Clone)]
+pub struct EtcdTarget {
+    /// `http://host:port` of each member.
+    pub endpoints: Vec<String>,
+    /// User and password, if the cluster has authentication on.
+    pub credentials: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for EtcdTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTarget")
+            .field("endpoints", &self.endpoints)
+            .field("user", &self.credentials.as_ref().map(|(u, _)| u))
+            .finish()
+    }
+}
+
+/// The backend a URL names.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// `redis://`, `rediss://`.
+    Redis(RedisTarget),
+    /// `postgres://`, `postgresql://`.
+    Postgres(PostgresTarget),
+    /// `etcd://host:port[,host:port...]`.
+    Etcd(EtcdTarget),
+}
+
 /// Where the lock lives.
 #[derive(Clone, Debug)]
 pub struct BackendConfig {
-    /// Connection details of the Redis server.
-    pub redis: redis::ConnectionInfo,
-    /// TLS material, for `rediss://` only.
-    pub tls: Option<TlsFiles>,
-    /// `host:port` of the server, for messages (never the full URL).
+    /// Which backend, and how to reach it.
+    pub target: Target,
+    /// The server(s) as `host:port`, for messages (never the full URL).
     pub display: String,
     /// The namespace of the keys.
     pub key_prefix: String,
@@ -160,32 +221,127 @@ impl BackendConfig {
             .split_once("://")
             .map(|(s, _)| s)
             .ok_or(ConfigError::BadUrl)?;
-        match scheme {
-            "redis" | "rediss" => {}
-            other => return Err(ConfigError::BadScheme(other.chars().take(32).collect())),
-        }
-        let mut info = url
-            .into_connection_info()
-            .map_err(|_| ConfigError::BadUrl)?;
         let password = match &args.password_file {
             Some(path) => Some(read_password_file(path)?),
             None => env_password.filter(|p| !p.is_empty()),
         };
-        if let Some(password) = password {
-            let settings = info.redis_settings().clone().set_password(password);
-            info = info.set_redis_settings(settings);
-        }
-        let tls = match scheme {
-            "rediss" => Some(TlsFiles::from_env(|v| std::env::var(v).ok())?),
-            _ => None,
+        let (target, display) = match scheme {
+            "redis" | "rediss" => redis_target(url, scheme, password)?,
+            "postgres" | "postgresql" => postgres_target(url, password, &args.pg_table)?,
+            "etcd" => etcd_target(url, password)?,
+            other => return Err(ConfigError::BadScheme(other.chars().take(32).collect())),
         };
         Ok(BackendConfig {
-            tls,
-            display: info.addr().to_string(),
-            redis: info,
+            target,
+            display,
             key_prefix: args.key_prefix.clone(),
         })
     }
+}
+
+fn redis_target(
+    url: &str,
+    scheme: &str,
+    password: Option<String>,
+) -> Result<(Target, String), ConfigError> {
+    let mut info = url
+        .into_connection_info()
+        .map_err(|_| ConfigError::BadUrl)?;
+    if let Some(password) = password {
+        let settings = info.redis_settings().clone().set_password(password);
+        info = info.set_redis_settings(settings);
+    }
+    let tls = match scheme {
+        "rediss" => Some(TlsFiles::from_env(|v| std::env::var(v).ok())?),
+        _ => None,
+    };
+    let display = info.addr().to_string();
+    Ok((Target::Redis(RedisTarget { info, tls }), display))
+}
+
+fn postgres_target(
+    url: &str,
+    password: Option<String>,
+    table: &str,
+) -> Result<(Target, String), ConfigError> {
+    let mut config: tokio_postgres::Config =
+        url.parse().map_err(|_| ConfigError::BadPostgresUrl)?;
+    if let Some(password) = password {
+        config.password(password);
+    }
+    if !valid_table_name(table) {
+        return Err(ConfigError::BadTable(table.chars().take(64).collect()));
+    }
+    let tls = config.get_ssl_mode() != tokio_postgres::config::SslMode::Disable;
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .zip(config.get_ports().iter().chain(std::iter::repeat(&5432)))
+        .map(|(h, p)| match h {
+            tokio_postgres::config::Host::Tcp(h) => format!("{h}:{p}"),
+            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+        })
+        .collect();
+    let display = if hosts.is_empty() {
+        "localhost:5432".to_owned()
+    } else {
+        hosts.join(",")
+    };
+    Ok((
+        Target::Postgres(PostgresTarget {
+            config,
+            tls,
+            table: table.to_owned(),
+        }),
+        display,
+    ))
+}
+
+/// `name` or `schema.name`, each an unquoted SQL identifier of at most 63 bytes.
+fn valid_table_name(table: &str) -> bool {
+    let ident = |s: &str| {
+        (1..=63).contains(&s.len())
+            && s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    match table.split_once('.') {
+        Some((schema, name)) => ident(schema) && ident(name),
+        None => ident(table),
+    }
+}
+
+fn etcd_target(url: &str, password: Option<String>) -> Result<(Target, String), ConfigError> {
+    let rest = url.strip_prefix("etcd://").ok_or(ConfigError::BadUrl)?;
+    let rest = rest.trim_end_matches('/');
+    let (userinfo, hosts) = match rest.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, rest),
+    };
+    let mut endpoints = Vec::new();
+    for host in hosts.split(',') {
+        let ok = host
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+        if !ok {
+            return Err(ConfigError::BadEtcdUrl);
+        }
+        endpoints.push(format!("http://{host}"));
+    }
+    let credentials = match (userinfo, password) {
+        (Some(u), pw) => {
+            let (user, url_pw) = u.split_once(':').unwrap_or((u, ""));
+            Some((user.to_owned(), pw.unwrap_or_else(|| url_pw.to_owned())))
+        }
+        (None, Some(_)) => return Err(ConfigError::EtcdPasswordWithoutUser),
+        (None, None) => None,
+    };
+    Ok((
+        Target::Etcd(EtcdTarget {
+            endpoints,
+            credentials,
+        }),
+        hosts.to_owned(),
+    ))
 }
 
 fn read_password_file(path: &Path) -> Result<String, ConfigError> {
@@ -340,11 +496,7 @@ mod tests {
 
     #[test]
     fn url_errors_never_echo_the_url() {
-        let args = BackendArgs {
-            url: "redis://:s3cret@host:notaport".into(),
-            password_file: None,
-            key_prefix: "lockrun:".into(),
-        };
+        let args = backend_args("redis://:s3cret@host:notaport");
         let e = BackendConfig::from_args(&args, None).unwrap_err();
         assert!(!e.to_string().contains("s3cret"), "{e}");
         let args = BackendArgs {
@@ -357,15 +509,89 @@ mod tests {
         );
     }
 
+    fn redis_info(c: &BackendConfig) -> &redis::ConnectionInfo {
+        match &c.target {
+            Target::Redis(r) => &r.info,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn backend_args(url: &str) -> BackendArgs {
+        BackendArgs {
+            url: url.into(),
+            password_file: None,
+            key_prefix: "lockrun:".into(),
+            pg_table: "lockrun_locks".into(),
+        }
+    }
+
+    #[test]
+    fn postgres_urls_parse_and_hide_the_password() {
+        let c = BackendConfig::from_args(
+            &backend_args("postgres://u:pw@db.example:6543/app?sslmode=disable"),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.display, "db.example:6543");
+        let Target::Postgres(pg) = &c.target else {
+            panic!("{c:?}")
+        };
+        assert!(!pg.tls);
+        assert_eq!(pg.table, "lockrun_locks");
+        assert!(!format!("{c:?}").contains("pw@") && !format!("{c:?}").contains("\"pw\""));
+        let c = BackendConfig::from_args(
+            &backend_args("postgresql://localhost/test"),
+            Some("envpw".into()),
+        )
+        .unwrap();
+        let Target::Postgres(pg) = &c.target else {
+            panic!("{c:?}")
+        };
+        assert_eq!(pg.config.get_password(), Some(&b"envpw"[..]));
+        let bad = BackendArgs {
+            pg_table: "x; drop table y".into(),
+            ..backend_args("postgres://localhost/test")
+        };
+        assert!(matches!(
+            BackendConfig::from_args(&bad, None),
+            Err(ConfigError::BadTable(_))
+        ));
+        assert!(valid_table_name("locks.lockrun_leases"));
+        assert!(!valid_table_name("a.b.c"));
+    }
+
+    #[test]
+    fn etcd_urls_list_every_endpoint() {
+        let c = BackendConfig::from_args(&backend_args("etcd://10.0.0.1:2379,10.0.0.2:2379"), None)
+            .unwrap();
+        let Target::Etcd(e) = &c.target else {
+            panic!("{c:?}")
+        };
+        assert_eq!(
+            e.endpoints,
+            vec!["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
+        );
+        assert!(e.credentials.is_none());
+        let c = BackendConfig::from_args(&backend_args("etcd://root@h:2379"), Some("pw".into()))
+            .unwrap();
+        let Target::Etcd(e) = &c.target else {
+            panic!("{c:?}")
+        };
+        assert_eq!(e.credentials, Some(("root".into(), "pw".into())));
+        assert!(!format!("{c:?}").contains("pw\""));
+        for bad in ["etcd://", "etcd://host", "etcd://host:0", "etcd://h:1,"] {
+            assert!(
+                BackendConfig::from_args(&backend_args(bad), None).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
     #[test]
     fn password_comes_from_the_environment_or_a_file() {
-        let args = BackendArgs {
-            url: "redis://127.0.0.1:1".into(),
-            password_file: None,
-            key_prefix: "p:".into(),
-        };
+        let args = backend_args("redis://127.0.0.1:1");
         let c = BackendConfig::from_args(&args, Some("envpw".into())).unwrap();
-        assert_eq!(c.redis.redis_settings().password(), Some("envpw"));
+        assert_eq!(redis_info(&c).redis_settings().password(), Some("envpw"));
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pw");
         std::fs::write(&path, "filepw\n").unwrap();
@@ -374,7 +600,7 @@ mod tests {
             ..args
         };
         let c = BackendConfig::from_args(&args, Some("envpw".into())).unwrap();
-        assert_eq!(c.redis.redis_settings().password(), Some("filepw"));
+        assert_eq!(redis_info(&c).redis_settings().password(), Some("filepw"));
         assert!(
             !format!("{c:?}").contains("filepw"),
             "Debug output must redact the password"

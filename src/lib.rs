@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::backend::redis::RedisBackend;
+use crate::backend::AnyBackend;
 use crate::cli::{Cli, Command, LogArgs};
 use crate::config::{BackendConfig, LockName, RunConfig};
 use crate::log::{Format, Logger};
@@ -64,7 +64,7 @@ pub fn main_with(args: Vec<OsString>) -> u8 {
             install_logger(&args.log, &args.name);
             let report = match RunConfig::from_args(&args, password) {
                 Ok(cfg) => {
-                    let backend = RedisBackend::new(cfg.backend.clone(), !cfg.wait.is_zero());
+                    let backend = AnyBackend::open(&cfg.backend, !cfg.wait.is_zero());
                     runtime.block_on(run::run(&cfg, &backend))
                 }
                 Err(e) => RunReport {
@@ -111,10 +111,10 @@ fn admin_backend(
     args: &cli::BackendArgs,
     name: &str,
     password: Option<String>,
-) -> Result<RedisBackend, u8> {
+) -> Result<AnyBackend, u8> {
     let checked = LockName::parse(name).and_then(|_| BackendConfig::from_args(args, password));
     match checked {
-        Ok(cfg) => Ok(RedisBackend::new(cfg, false)),
+        Ok(cfg) => Ok(AnyBackend::open(&cfg, false)),
         Err(e) => Err(run::fail(&e.to_string()).exit_code()),
     }
 }

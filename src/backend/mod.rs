@@ -5,8 +5,10 @@
 //! are never folded into a bool: "held by someone else" ([`Acquire::Busy`]), "not
 //! yours any more" ([`BackendError::NotOwner`]) and "cannot tell right now"
 //! ([`BackendError::Unavailable`]) lead to different exit statuses and actions.
-//! One file per backend; today [`redis`].
+//! One file per backend; [`AnyBackend`] picks one from the configuration.
 
+pub mod etcd;
+pub mod postgres;
 pub mod redis;
 
 use std::time::Duration;
@@ -121,4 +123,79 @@ pub trait Backend {
 
     /// Stops waiting for `name` (forgets this waiter's place in the queue).
     async fn stop_waiting(&self, name: &str) -> Result<(), BackendError>;
+}
+
+/// The backend named by the configuration's URL.
+pub enum AnyBackend {
+    /// One Redis server (boxed: its connection settings make it the largest).
+    Redis(Box<redis::RedisBackend>),
+    /// A lease table in PostgreSQL.
+    Postgres(postgres::PostgresBackend),
+    /// An etcd lease.
+    Etcd(etcd::EtcdBackend),
+}
+
+impl AnyBackend {
+    /// Opens (lazily: nothing is connected yet) the backend `config` names;
+    /// `waiting` says the caller may wait for a busy lock (`--wait`).
+    pub fn open(config: &crate::config::BackendConfig, waiting: bool) -> AnyBackend {
+        use crate::config::Target;
+        match &config.target {
+            Target::Redis(t) => AnyBackend::Redis(Box::new(redis::RedisBackend::new(
+                t.clone(),
+                config,
+                waiting,
+            ))),
+            Target::Postgres(t) => {
+                AnyBackend::Postgres(postgres::PostgresBackend::new(t.clone(), config, waiting))
+            }
+            Target::Etcd(t) => AnyBackend::Etcd(etcd::EtcdBackend::new(t.clone(), config, waiting)),
+        }
+    }
+}
+
+/// Forwards a call to whichever backend this is.
+macro_rules! dispatch {
+    ($self:ident, $b:ident => $call:expr) => {
+        match $self {
+            AnyBackend::Redis($b) => $call.await,
+            AnyBackend::Postgres($b) => $call.await,
+            AnyBackend::Etcd($b) => $call.await,
+        }
+    };
+}
+
+impl Backend for AnyBackend {
+    async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
+        dispatch!(self, b => b.acquire(name, req))
+    }
+
+    async fn renew(&self, name: &str, token: &str, ttl: Duration) -> Result<(), BackendError> {
+        dispatch!(self, b => b.renew(name, token, ttl))
+    }
+
+    async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
+        dispatch!(self, b => b.release(name, token, how))
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<Holder>, BackendError> {
+        dispatch!(self, b => b.inspect(name))
+    }
+
+    async fn force_release(&self, name: &str) -> Result<Option<Holder>, BackendError> {
+        dispatch!(self, b => b.force_release(name))
+    }
+
+    async fn wait_for_release(
+        &self,
+        name: &str,
+        busy: &Holder,
+        max: Duration,
+    ) -> Result<(), BackendError> {
+        dispatch!(self, b => b.wait_for_release(name, busy, max))
+    }
+
+    async fn stop_waiting(&self, name: &str) -> Result<(), BackendError> {
+        dispatch!(self, b => b.stop_waiting(name))
+    }
 }

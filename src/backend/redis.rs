@@ -24,7 +24,7 @@ use redis::{AsyncConnectionConfig, ErrorKind, PushInfo, RedisError, ServerErrorK
 use tokio::sync::mpsc;
 
 use super::{Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
-use crate::config::BackendConfig;
+use crate::config::{BackendConfig, RedisTarget};
 
 const SCRIPTS: &str = include_str!("redis_scripts.lua");
 
@@ -91,7 +91,9 @@ impl Keys {
 
 /// A lock backend on one Redis server.
 pub struct RedisBackend {
-    config: BackendConfig,
+    target: RedisTarget,
+    display: String,
+    key_prefix: String,
     state: Mutex<ConnState>,
     notifications: bool,
     waiter_id: String,
@@ -109,9 +111,11 @@ struct ConnState {
 impl RedisBackend {
     /// A backend for `config`; `notifications` asks for a connection that can receive
     /// wake-ups (needed for `--wait`, Redis 6 or later).
-    pub fn new(config: BackendConfig, notifications: bool) -> RedisBackend {
+    pub fn new(target: RedisTarget, config: &BackendConfig, notifications: bool) -> RedisBackend {
         RedisBackend {
-            config,
+            target,
+            display: config.display.clone(),
+            key_prefix: config.key_prefix.clone(),
             state: Mutex::new(ConnState::default()),
             notifications,
             waiter_id: crate::token::random_hex(8),
@@ -137,8 +141,8 @@ impl RedisBackend {
         }
         let mut pushes = None;
         let mut settings = self
-            .config
-            .redis
+            .target
+            .info
             .redis_settings()
             .clone()
             .set_skip_set_lib_name();
@@ -151,8 +155,8 @@ impl RedisBackend {
             conn_config = conn_config.set_push_sender(tx);
             pushes = Some(rx);
         }
-        let info = self.config.redis.clone().set_redis_settings(settings);
-        let client = match &self.config.tls {
+        let info = self.target.info.clone().set_redis_settings(settings);
+        let client = match &self.target.tls {
             None => redis::Client::open(info),
             Some(tls) => {
                 // rustls needs a process-wide crypto provider; ring is the one built in.
@@ -203,7 +207,7 @@ impl RedisBackend {
     /// Translates a client error into a message that names the server as `host:port`
     /// only (never the URL, which may hold a password).
     fn error(&self, e: &RedisError) -> BackendError {
-        let at = &self.config.display;
+        let at = &self.display;
         let detail = e.detail().unwrap_or("").trim();
         let refused = |what: &str| BackendError::Refused(format!("Redis at {at} {what}"));
         match e.kind() {
@@ -259,7 +263,7 @@ impl RedisBackend {
         req: &AcquireRequest,
         waiter: bool,
     ) -> Result<Acquire, BackendError> {
-        let k = Keys::new(&self.config.key_prefix, name);
+        let k = Keys::new(&self.key_prefix, name);
         let waiter_id = if waiter { self.waiter_id.as_str() } else { "" };
         let reply = self
             .eval(
@@ -283,7 +287,7 @@ impl RedisBackend {
             Some((Value::Int(0), rest)) => Ok(Acquire::Busy(holder(rest).unwrap_or_default())),
             _ => Err(BackendError::Refused(format!(
                 "Redis at {} gave an unexpected answer to the acquire script",
-                self.config.display
+                self.display
             ))),
         }
     }
@@ -295,7 +299,7 @@ impl RedisBackend {
         }
         let channel = format!(
             "{}{}",
-            Keys::new(&self.config.key_prefix, name).wake_prefix,
+            Keys::new(&self.key_prefix, name).wake_prefix,
             self.waiter_id
         );
         let guard = ResetOnDrop(self);
@@ -402,7 +406,7 @@ impl Backend for RedisBackend {
     }
 
     async fn renew(&self, name: &str, token: &str, ttl: Duration) -> Result<(), BackendError> {
-        let k = Keys::new(&self.config.key_prefix, name);
+        let k = Keys::new(&self.key_prefix, name);
         match self.eval("renew", &[&k.lock], &[token, &ms(ttl)]).await? {
             Value::Int(1) => Ok(()),
             _ => Err(BackendError::NotOwner),
@@ -410,7 +414,7 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
-        let k = Keys::new(&self.config.key_prefix, name);
+        let k = Keys::new(&self.key_prefix, name);
         let keep = match how {
             Release::Now => "0".to_owned(),
             Release::KeepFor(d) => ms(d),
@@ -429,13 +433,13 @@ impl Backend for RedisBackend {
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<Holder>, BackendError> {
-        let k = Keys::new(&self.config.key_prefix, name);
+        let k = Keys::new(&self.key_prefix, name);
         let reply = self.eval("inspect", &[&k.lock], &[]).await?;
         Ok(holder(&array(reply)))
     }
 
     async fn force_release(&self, name: &str) -> Result<Option<Holder>, BackendError> {
-        let k = Keys::new(&self.config.key_prefix, name);
+        let k = Keys::new(&self.key_prefix, name);
         let reply = self
             .eval("force", &[&k.lock, &k.queue, &k.alive], &[&k.wake_prefix])
             .await?;
@@ -490,7 +494,7 @@ impl Backend for RedisBackend {
         if !self.notifications {
             return Ok(());
         }
-        let k = Keys::new(&self.config.key_prefix, name);
+        let k = Keys::new(&self.key_prefix, name);
         self.eval("leave", &[&k.queue, &k.alive], &[&self.waiter_id])
             .await?;
         Ok(())
