@@ -44,14 +44,17 @@ pub enum Command {
 pub struct BackendArgs {
     /// Backend URL: redis://[user:pass@]host:port[/db] (rediss:// for TLS),
     /// postgres://[user[:pass]@]host[:port]/db[?sslmode=...], etcd://host:port[,host:port...].
-    /// Prefer LOCKRUN_URL for URLs with a password: argv is visible in `ps`.
+    /// Give 3 or 5 redis:// URLs (repeated --url, or comma-separated in LOCKRUN_URL) for a
+    /// Redlock quorum over independent servers. Prefer LOCKRUN_URL for URLs with a
+    /// password: argv is visible in `ps`.
     #[arg(
         long,
         env = "LOCKRUN_URL",
         default_value = "redis://127.0.0.1:6379",
-        hide_env_values = true
+        hide_env_values = true,
+        action = clap::ArgAction::Append
     )]
-    pub url: String,
+    pub url: Vec<String>,
 
     /// Read the backend password from this file (the first line; overrides the URL's).
     /// LOCKRUN_PASSWORD in the environment works too.

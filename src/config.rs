@@ -70,6 +70,9 @@ pub enum ConfigError {
     /// A password was given for etcd without a user.
     #[error("etcd authentication needs a user: etcd://USER@host:port with the password in LOCKRUN_PASSWORD")]
     EtcdPasswordWithoutUser,
+    /// Several URLs that are not all Redis, or too few for a quorum.
+    #[error("several --url values make a Redlock quorum: give 3 or more (3 or 5 advised) redis:// or rediss:// URLs of independent servers")]
+    BadQuorum,
     /// The password file could not be read.
     #[error("cannot read the password file {path}: {reason}")]
     PasswordFile {
@@ -197,6 +200,8 @@ pub enum Target {
     Postgres(PostgresTarget),
     /// `etcd://host:port[,host:port...]`.
     Etcd(EtcdTarget),
+    /// Several independent `redis://` servers: a Redlock quorum.
+    Redlock(Vec<RedisTarget>),
 }
 
 /// Where the lock lives.
@@ -216,26 +221,74 @@ impl BackendConfig {
         args: &BackendArgs,
         env_password: Option<String>,
     ) -> Result<BackendConfig, ConfigError> {
-        let url = args.url.trim();
-        let scheme = url
-            .split_once("://")
-            .map(|(s, _)| s)
-            .ok_or(ConfigError::BadUrl)?;
         let password = match &args.password_file {
             Some(path) => Some(read_password_file(path)?),
             None => env_password.filter(|p| !p.is_empty()),
         };
-        let (target, display) = match scheme {
-            "redis" | "rediss" => redis_target(url, scheme, password)?,
-            "postgres" | "postgresql" => postgres_target(url, password, &args.pg_table)?,
-            "etcd" => etcd_target(url, password)?,
-            other => return Err(ConfigError::BadScheme(other.chars().take(32).collect())),
+        let urls = split_urls(&args.url);
+        let (target, display) = match urls.as_slice() {
+            [] => return Err(ConfigError::BadUrl),
+            [url] => single_target(url, password, &args.pg_table)?,
+            several => {
+                let mut nodes = Vec::new();
+                let mut shown = Vec::new();
+                for url in several {
+                    match single_target(url, password.clone(), &args.pg_table)? {
+                        (Target::Redis(node), display) => {
+                            nodes.push(node);
+                            shown.push(display);
+                        }
+                        _ => return Err(ConfigError::BadQuorum),
+                    }
+                }
+                if nodes.len() < 3 {
+                    return Err(ConfigError::BadQuorum);
+                }
+                (Target::Redlock(nodes), shown.join(","))
+            }
         };
         Ok(BackendConfig {
             target,
             display,
             key_prefix: args.key_prefix.clone(),
         })
+    }
+}
+
+/// The URLs given: each `--url`, with a comma-separated list of `redis://` URLs (as
+/// `LOCKRUN_URL` carries a quorum) split apart. Commas inside one etcd or PostgreSQL
+/// URL stay.
+fn split_urls(given: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for url in given {
+        let parts: Vec<&str> = url.split(',').map(str::trim).collect();
+        let all_redis = parts.len() > 1
+            && parts
+                .iter()
+                .all(|p| p.starts_with("redis://") || p.starts_with("rediss://"));
+        if all_redis {
+            out.extend(parts.iter().map(|p| p.to_string()));
+        } else {
+            out.push(url.trim().to_owned());
+        }
+    }
+    out
+}
+
+fn single_target(
+    url: &str,
+    password: Option<String>,
+    pg_table: &str,
+) -> Result<(Target, String), ConfigError> {
+    let scheme = url
+        .split_once("://")
+        .map(|(s, _)| s)
+        .ok_or(ConfigError::BadUrl)?;
+    match scheme {
+        "redis" | "rediss" => redis_target(url, scheme, password),
+        "postgres" | "postgresql" => postgres_target(url, password, pg_table),
+        "etcd" => etcd_target(url, password),
+        other => Err(ConfigError::BadScheme(other.chars().take(32).collect())),
     }
 }
 
@@ -500,7 +553,7 @@ mod tests {
         let e = BackendConfig::from_args(&args, None).unwrap_err();
         assert!(!e.to_string().contains("s3cret"), "{e}");
         let args = BackendArgs {
-            url: "memcached://x".into(),
+            url: vec!["memcached://x".into()],
             ..args
         };
         assert_eq!(
@@ -518,7 +571,7 @@ mod tests {
 
     fn backend_args(url: &str) -> BackendArgs {
         BackendArgs {
-            url: url.into(),
+            url: vec![url.into()],
             password_file: None,
             key_prefix: "lockrun:".into(),
             pg_table: "lockrun_locks".into(),
@@ -558,6 +611,47 @@ mod tests {
         ));
         assert!(valid_table_name("locks.lockrun_leases"));
         assert!(!valid_table_name("a.b.c"));
+    }
+
+    #[test]
+    fn several_redis_urls_make_a_quorum() {
+        let args = BackendArgs {
+            url: vec![
+                "redis://a:1".into(),
+                "redis://b:2".into(),
+                "redis://c:3".into(),
+            ],
+            ..backend_args("")
+        };
+        let c = BackendConfig::from_args(&args, None).unwrap();
+        assert!(
+            matches!(&c.target, Target::Redlock(n) if n.len() == 3),
+            "{c:?}"
+        );
+        assert_eq!(c.display, "a:1,b:2,c:3");
+        let env_style = backend_args("redis://a:1,redis://b:2,redis://c:3,redis://d:4,redis://e:5");
+        let c = BackendConfig::from_args(&env_style, None).unwrap();
+        assert!(matches!(&c.target, Target::Redlock(n) if n.len() == 5));
+        for bad in [
+            vec!["redis://a:1".to_owned(), "redis://b:2".to_owned()],
+            vec![
+                "redis://a:1".to_owned(),
+                "redis://b:2".to_owned(),
+                "etcd://c:3".to_owned(),
+            ],
+        ] {
+            let args = BackendArgs {
+                url: bad,
+                ..backend_args("")
+            };
+            assert_eq!(
+                BackendConfig::from_args(&args, None).unwrap_err(),
+                ConfigError::BadQuorum
+            );
+        }
+        // Commas inside one etcd URL are its endpoints, not a quorum.
+        let c = BackendConfig::from_args(&backend_args("etcd://a:1,b:2"), None).unwrap();
+        assert!(matches!(c.target, Target::Etcd(_)));
     }
 
     #[test]

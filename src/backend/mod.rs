@@ -10,6 +10,7 @@
 pub mod etcd;
 pub mod postgres;
 pub mod redis;
+pub mod redlock;
 
 use std::time::Duration;
 
@@ -133,6 +134,8 @@ pub enum AnyBackend {
     Postgres(postgres::PostgresBackend),
     /// An etcd lease.
     Etcd(etcd::EtcdBackend),
+    /// A Redlock quorum of Redis servers.
+    Redlock(redlock::RedlockBackend),
 }
 
 impl AnyBackend {
@@ -150,6 +153,9 @@ impl AnyBackend {
                 AnyBackend::Postgres(postgres::PostgresBackend::new(t.clone(), config, waiting))
             }
             Target::Etcd(t) => AnyBackend::Etcd(etcd::EtcdBackend::new(t.clone(), config, waiting)),
+            Target::Redlock(nodes) => {
+                AnyBackend::Redlock(redlock::RedlockBackend::new(nodes.clone(), config, waiting))
+            }
         }
     }
 }
@@ -161,6 +167,7 @@ macro_rules! dispatch {
             AnyBackend::Redis($b) => $call.await,
             AnyBackend::Postgres($b) => $call.await,
             AnyBackend::Etcd($b) => $call.await,
+            AnyBackend::Redlock($b) => $call.await,
         }
     };
 }

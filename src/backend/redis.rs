@@ -391,6 +391,31 @@ fn ms(d: Duration) -> String {
     d.as_millis().max(1).to_string()
 }
 
+impl RedisBackend {
+    /// Raises this server's fencing counter for `name` to at least `fence`, and records
+    /// `fence` on the lock entry if it holds `token` (Redlock's write-back).
+    pub async fn raise_fence(
+        &self,
+        name: &str,
+        fence: u64,
+        token: &str,
+    ) -> Result<(), BackendError> {
+        let k = Keys::new(&self.key_prefix, name);
+        self.eval(
+            "fence_floor",
+            &[&k.fence, &k.lock],
+            &[&fence.to_string(), token],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// `host:port` of this server.
+    pub fn display(&self) -> &str {
+        &self.display
+    }
+}
+
 impl Backend for RedisBackend {
     async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
         let waiting = self.notifications;
@@ -517,7 +542,15 @@ mod tests {
 
     #[test]
     fn every_script_is_found_and_wake_helper_is_prepended() {
-        for name in ["acquire", "renew", "release", "leave", "inspect", "force"] {
+        for name in [
+            "acquire",
+            "renew",
+            "release",
+            "leave",
+            "inspect",
+            "force",
+            "fence_floor",
+        ] {
             assert!(!script(name).contains("missing script"), "{name}");
         }
         assert!(script("release").contains("local function wake_one"));
