@@ -64,6 +64,9 @@ pub enum ConfigError {
     /// The table name is not a plain SQL identifier.
     #[error("invalid --pg-table {0:?}: use NAME or SCHEMA.NAME of letters, digits and _")]
     BadTable(String),
+    /// The Sentinel URL could not be parsed.
+    #[error("the Sentinel URL is not valid: expected redis+sentinel://[user:password@]host:port[,host:port...]/MASTER[/db]")]
+    BadSentinelUrl,
     /// The etcd URL could not be parsed.
     #[error("the etcd URL is not valid: expected etcd://host:port[,host:port...]")]
     BadEtcdUrl,
@@ -157,9 +160,21 @@ impl TlsFiles {
 #[derive(Clone, Debug)]
 pub struct RedisTarget {
     /// Address, database, user and password (the password is redacted in `Debug`).
+    /// Behind Sentinel, the address is a placeholder: the master's is asked for.
     pub info: redis::ConnectionInfo,
     /// TLS material, for `rediss://` only.
     pub tls: Option<TlsFiles>,
+    /// For `redis+sentinel://`: where to ask for the master's address.
+    pub sentinel: Option<Sentinels>,
+}
+
+/// The Sentinels that know a master's address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sentinels {
+    /// `host:port` of each Sentinel.
+    pub addrs: Vec<String>,
+    /// The master's name as the Sentinels know it.
+    pub master: String,
 }
 
 /// Connection details of a PostgreSQL database.
@@ -288,6 +303,7 @@ fn single_target(
         "redis" | "rediss" => redis_target(url, scheme, password),
         "postgres" | "postgresql" => postgres_target(url, password, pg_table),
         "etcd" => etcd_target(url, password),
+        "redis+sentinel" => sentinel_target(url, password),
         other => Err(ConfigError::BadScheme(other.chars().take(32).collect())),
     }
 }
@@ -309,7 +325,58 @@ fn redis_target(
         _ => None,
     };
     let display = info.addr().to_string();
-    Ok((Target::Redis(RedisTarget { info, tls }), display))
+    Ok((
+        Target::Redis(RedisTarget {
+            info,
+            tls,
+            sentinel: None,
+        }),
+        display,
+    ))
+}
+
+/// `redis+sentinel://[user:password@]host:port[,host:port...]/MASTER[/db]`.
+fn sentinel_target(url: &str, password: Option<String>) -> Result<(Target, String), ConfigError> {
+    let rest = url
+        .strip_prefix("redis+sentinel://")
+        .ok_or(ConfigError::BadSentinelUrl)?;
+    let (userinfo, rest) = match rest.rsplit_once('@') {
+        Some((u, r)) => (Some(u), r),
+        None => (None, rest),
+    };
+    let (hosts, path) = rest.split_once('/').ok_or(ConfigError::BadSentinelUrl)?;
+    let (master, db) = match path.split_once('/') {
+        Some((m, db)) => (m, Some(db)),
+        None => (path, None),
+    };
+    let addrs: Vec<String> = hosts.split(',').map(str::to_owned).collect();
+    let host_ok = |h: &String| {
+        h.rsplit_once(':')
+            .is_some_and(|(n, p)| !n.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0))
+    };
+    if master.is_empty()
+        || !addrs.iter().all(host_ok)
+        || db.is_some_and(|d| d.parse::<u32>().is_err())
+    {
+        return Err(ConfigError::BadSentinelUrl);
+    }
+    // The data nodes' settings (user, password, database) on a placeholder address:
+    // the real one comes from the Sentinels at each connection.
+    let template = format!(
+        "redis://{}127.0.0.1:6379/{}",
+        userinfo.map(|u| format!("{u}@")).unwrap_or_default(),
+        db.unwrap_or("0")
+    );
+    let (target, _) =
+        redis_target(&template, "redis", password).map_err(|_| ConfigError::BadSentinelUrl)?;
+    let Target::Redis(mut node) = target else {
+        return Err(ConfigError::BadSentinelUrl);
+    };
+    node.sentinel = Some(Sentinels {
+        addrs,
+        master: master.to_owned(),
+    });
+    Ok((Target::Redis(node), format!("sentinel {hosts}/{master}")))
 }
 
 fn postgres_target(
@@ -652,6 +719,36 @@ mod tests {
         // Commas inside one etcd URL are its endpoints, not a quorum.
         let c = BackendConfig::from_args(&backend_args("etcd://a:1,b:2"), None).unwrap();
         assert!(matches!(c.target, Target::Etcd(_)));
+    }
+
+    #[test]
+    fn sentinel_urls_name_the_sentinels_and_the_master() {
+        let c = BackendConfig::from_args(
+            &backend_args("redis+sentinel://:pw@s1:26379,s2:26380/mymaster/2"),
+            None,
+        )
+        .unwrap();
+        let Target::Redis(node) = &c.target else {
+            panic!("{c:?}")
+        };
+        let s = node.sentinel.as_ref().unwrap();
+        assert_eq!(s.addrs, vec!["s1:26379", "s2:26380"]);
+        assert_eq!(s.master, "mymaster");
+        assert_eq!(node.info.redis_settings().password(), Some("pw"));
+        assert_eq!(node.info.redis_settings().db(), 2);
+        assert_eq!(c.display, "sentinel s1:26379,s2:26380/mymaster");
+        for bad in [
+            "redis+sentinel://s1:26379",
+            "redis+sentinel://s1/m",
+            "redis+sentinel://s1:1/",
+            "redis+sentinel://s1:1/m/x",
+        ] {
+            assert_eq!(
+                BackendConfig::from_args(&backend_args(bad), None).unwrap_err(),
+                ConfigError::BadSentinelUrl,
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -128,12 +128,12 @@ pub trait Backend {
 
 /// The backend named by the configuration's URL.
 pub enum AnyBackend {
-    /// One Redis server (boxed: its connection settings make it the largest).
+    /// One Redis server (boxed, like etcd: their clients are large).
     Redis(Box<redis::RedisBackend>),
     /// A lease table in PostgreSQL.
     Postgres(postgres::PostgresBackend),
     /// An etcd lease.
-    Etcd(etcd::EtcdBackend),
+    Etcd(Box<etcd::EtcdBackend>),
     /// A Redlock quorum of Redis servers.
     Redlock(redlock::RedlockBackend),
 }
@@ -152,7 +152,9 @@ impl AnyBackend {
             Target::Postgres(t) => {
                 AnyBackend::Postgres(postgres::PostgresBackend::new(t.clone(), config, waiting))
             }
-            Target::Etcd(t) => AnyBackend::Etcd(etcd::EtcdBackend::new(t.clone(), config, waiting)),
+            Target::Etcd(t) => {
+                AnyBackend::Etcd(Box::new(etcd::EtcdBackend::new(t.clone(), config, waiting)))
+            }
             Target::Redlock(nodes) => {
                 AnyBackend::Redlock(redlock::RedlockBackend::new(nodes.clone(), config, waiting))
             }

@@ -20,11 +20,14 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, ErrorKind, PushInfo, RedisError, ServerErrorKind, Value};
+use redis::{
+    AsyncConnectionConfig, ErrorKind, IntoConnectionInfo, PushInfo, RedisError, ServerErrorKind,
+    Value,
+};
 use tokio::sync::mpsc;
 
 use super::{Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
-use crate::config::{BackendConfig, RedisTarget};
+use crate::config::{BackendConfig, RedisTarget, Sentinels};
 
 const SCRIPTS: &str = include_str!("redis_scripts.lua");
 
@@ -155,7 +158,11 @@ impl RedisBackend {
             conn_config = conn_config.set_push_sender(tx);
             pushes = Some(rx);
         }
-        let info = self.target.info.clone().set_redis_settings(settings);
+        let info = match &self.target.sentinel {
+            None => self.target.info.clone(),
+            Some(sentinels) => self.master_address(sentinels).await?,
+        }
+        .set_redis_settings(settings);
         let client = match &self.target.tls {
             None => redis::Client::open(info),
             Some(tls) => {
@@ -175,16 +182,67 @@ impl RedisBackend {
             }
         }
         .map_err(|e| self.error(&e))?;
-        let conn = client
+        let mut conn = client
             .get_multiplexed_async_connection_with_config(&conn_config)
             .await
             .map_err(|e| self.error(&e))?;
+        if self.target.sentinel.is_some() {
+            // During a failover the Sentinels may still name the old master, now a
+            // replica: writing the lock there would be lost. Insist on a master.
+            let role: Value = redis::cmd("ROLE")
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.error(&e))?;
+            let is_master =
+                matches!(&role, Value::Array(a) if a.first().is_some_and(|r| text(r) == "master"));
+            if !is_master {
+                return Err(BackendError::Unavailable(format!(
+                    "the server {} names is not a master (failover in progress)",
+                    self.display
+                )));
+            }
+        }
         *self.state() = ConnState {
             conn: Some(conn.clone()),
             pushes,
             subscribed: false,
         };
         Ok(conn)
+    }
+
+    /// Asks the Sentinels, in turn, for the master's address.
+    async fn master_address(
+        &self,
+        sentinels: &Sentinels,
+    ) -> Result<redis::ConnectionInfo, BackendError> {
+        let mut last_error = String::from("no Sentinel answered");
+        for addr in &sentinels.addrs {
+            let ask = async {
+                let client = redis::Client::open(format!("redis://{addr}"))?;
+                let mut conn = client.get_multiplexed_async_connection().await?;
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&sentinels.master)
+                    .query_async::<Option<(String, u16)>>(&mut conn)
+                    .await
+            };
+            match tokio::time::timeout(Duration::from_secs(1), ask).await {
+                Ok(Ok(Some((host, port)))) => {
+                    return format!("redis://{host}:{port}")
+                        .into_connection_info()
+                        .map_err(|e| self.error(&e));
+                }
+                Ok(Ok(None)) => {
+                    last_error = format!(
+                        "Sentinel {addr} does not know a master named {:?}",
+                        sentinels.master
+                    )
+                }
+                Ok(Err(e)) => last_error = format!("Sentinel {addr}: {}", io_reason(&e)),
+                Err(_) => last_error = format!("Sentinel {addr} did not answer within 1s"),
+            }
+        }
+        Err(BackendError::Unavailable(last_error))
     }
 
     /// Runs script `name`; any failure drops the connection so the next call starts
