@@ -144,3 +144,54 @@ fn status_uses_lockrun_password() {
     // Free lock: status 1, not 125.
     run(cmd).assert_code(1);
 }
+
+/// Creates an ACL user on `redis` with `rules`.
+fn acl_user(redis: &RedisServer, user: &str, rules: &[&str]) {
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER").arg(user).arg(rules);
+    let _: String = redis.query(&cmd);
+}
+
+#[test]
+fn an_acl_user_confined_to_the_lockrun_keys_can_lock() {
+    let redis = RedisServer::start();
+    acl_user(
+        &redis,
+        "locker",
+        &["on", ">s3cret", "~lockrun:*", "&lockrun:*", "+@all"],
+    );
+    let url = format!("redis://locker:s3cret@127.0.0.1:{}", redis.port());
+    run(lockrun_run(&url, "job", &[], &["sh", "-c", "exit 6"])).assert_code(6);
+    // The same user with the password from the environment, and waiting (pub/sub).
+    let url = format!("redis://locker@127.0.0.1:{}", redis.port());
+    let mut cmd = lockrun_run(&url, "job", &["--wait", "5s"], &["true"]);
+    cmd.env("LOCKRUN_PASSWORD", "s3cret");
+    run(cmd).assert_code(0);
+}
+
+#[test]
+fn an_acl_user_without_the_needed_commands_fails_closed_and_says_so() {
+    let redis = RedisServer::start();
+    acl_user(
+        &redis,
+        "reader",
+        &["on", ">pw", "~*", "+@read", "+hello", "+ping"],
+    );
+    let s = Scratch::new();
+    let url = format!("redis://reader:pw@127.0.0.1:{}", redis.port());
+    let mut cmd = lockrun_run(&url, "job", &[], &sh(r#"touch "$MARKER""#));
+    cmd.env("MARKER", s.path("marker"));
+    let f = run(cmd);
+    f.assert_failure(125);
+    assert!(!s.exists("marker"), "the command ran without the lock");
+    assert!(
+        f.stderr.contains("denied") || f.stderr.contains("NOPERM"),
+        "{}",
+        f.stderr
+    );
+    assert!(
+        !f.stderr.contains(":pw@"),
+        "the URL with its password leaked:\n{}",
+        f.stderr
+    );
+}
