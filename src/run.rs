@@ -408,6 +408,11 @@ fn carry_out(cfg: &RunConfig, group: &Group, signal: GroupSignal) {
         ],
     );
     group.signal(sig);
+    if sig != nix::sys::signal::Signal::SIGKILL {
+        // A stopped process would not act on the kill signal until continued (as
+        // timeout(1) and systemd do, wake it so it can exit cleanly).
+        group.signal(nix::sys::signal::Signal::SIGCONT);
+    }
 }
 
 fn log_exit(exit: ChildExit) {

@@ -591,3 +591,30 @@ fn as_pid_1_lockrun_forwards_sigterm() {
     f.assert_code(3);
     assert!(!redis.lock_held("job"));
 }
+
+#[test]
+fn a_stopped_leftover_is_woken_to_receive_the_kill_signal() {
+    let redis = RedisServer::start();
+    let s = Scratch::new();
+    // The grandchild stops itself; on SIGTERM it records it. Without a SIGCONT after
+    // the kill signal it would sit stopped until SIGKILL after --kill-after (30 s).
+    let script = r#"
+        sh -c 'trap "echo term > \"$GOT\"; exit 0" TERM; echo $$ > "$GPID"; kill -STOP $$; while :; do sleep 0.05; done' &
+        while [ ! -s "$GPID" ]; do sleep 0.01; done
+        exit 0
+    "#;
+    let mut cmd = lockrun_run(&redis.url(), "job", &["--kill-after", "30s"], &sh(script));
+    cmd.env("GPID", s.path("gpid")).env("GOT", s.path("got"));
+    let f = spawn(cmd).wait_for(Duration::from_secs(20));
+    f.assert_code(0);
+    assert_eq!(
+        s.read("got").trim(),
+        "term",
+        "the stopped leftover never saw SIGTERM"
+    );
+    assert!(
+        f.elapsed < Duration::from_secs(10),
+        "lockrun waited {:?}",
+        f.elapsed
+    );
+}
