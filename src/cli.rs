@@ -12,12 +12,17 @@ use crate::log::Format;
 
 /// Run a command under a named distributed lock.
 ///
-/// lockrun acquires the lock NAME (a lease in Redis), runs COMMAND in its own process
-/// group with a fencing token in LOCKRUN_FENCING_TOKEN, renews the lease while the
-/// command lives, stops the whole group before the lease can expire if renewal fails,
-/// releases the lock and exits with the command's status.
+/// lockrun acquires the lock NAME (a lease in Redis, PostgreSQL or etcd), runs COMMAND in
+/// its own process group with a fencing token in LOCKRUN_FENCING_TOKEN, renews the lease
+/// while the command lives, stops the whole group before the lease can expire if renewal
+/// fails, releases the lock and exits with the command's status.
 #[derive(Debug, Parser)]
-#[command(name = "lockrun", version, max_term_width = 100)]
+#[command(
+    name = "lockrun",
+    version,
+    max_term_width = 100,
+    subcommand_value_name = "SUBCOMMAND"
+)]
 #[command(after_help = "\
 Exit status: the command's own; 128+N if it was killed by signal N; 75 (--conflict-exit-code) \
 if the lock is busy; 124 if lockrun stopped the command (lock lost, --max-runtime); 125 if \

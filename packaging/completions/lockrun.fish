@@ -1,0 +1,74 @@
+# Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
+function __fish_lockrun_global_optspecs
+    string join \n h/help V/version
+end
+
+function __fish_lockrun_needs_command
+    # Figure out if the current invocation already has a command.
+    set -l cmd (commandline -opc)
+    set -e cmd[1]
+    argparse -s (__fish_lockrun_global_optspecs) -- $cmd 2>/dev/null
+    or return
+    if set -q argv[1]
+        # Also print the command, so this can be used to figure out what it is.
+        echo $argv[1]
+        return 1
+    end
+    return 0
+end
+
+function __fish_lockrun_using_subcommand
+    set -l cmd (__fish_lockrun_needs_command)
+    test -z "$cmd"
+    and return 1
+    contains -- $cmd[1] $argv
+end
+
+complete -c lockrun -n "__fish_lockrun_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c lockrun -n "__fish_lockrun_needs_command" -s V -l version -d 'Print version'
+complete -c lockrun -n "__fish_lockrun_needs_command" -f -a "run" -d 'Run COMMAND while holding the lock NAME (the default subcommand)'
+complete -c lockrun -n "__fish_lockrun_needs_command" -f -a "status" -d 'Show who holds the lock NAME (exit 0 held, 1 free, 125 error)'
+complete -c lockrun -n "__fish_lockrun_needs_command" -f -a "release" -d 'Break the lock NAME whoever holds it (operator override; needs --force)'
+complete -c lockrun -n "__fish_lockrun_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l url -d 'Backend URL: redis://[user:pass@]host:port[/db] (rediss:// for TLS), postgres://[user[:pass]@]host[:port]/db[?sslmode=...], etcd://host:port[,host:port...]. Give 3 or 5 redis:// URLs (repeated --url, or comma-separated in LOCKRUN_URL) for a Redlock quorum over independent servers. Prefer LOCKRUN_URL for URLs with a password: argv is visible in `ps`' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l password-file -d 'Read the backend password from this file (the first line; overrides the URL\'s). LOCKRUN_PASSWORD in the environment works too' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l key-prefix -d 'Namespace of the backend keys' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l pg-table -d 'PostgreSQL only: the lease table (TABLE or SCHEMA.TABLE), created if missing' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l log-format -d 'Log format on stderr' -r -f -a "text\t'`lockrun: <message>`'
+json\t'One JSON object a line with `ts` (RFC 3339, microseconds), `level`, `event`, `lock`, `msg` and fields'"
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l ttl -d 'Lease length (humantime: 500ms, 30s, 5m, "1h 30m")' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l renew-every -d 'Renewal period; must be shorter than the TTL [default: TTL/3]' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l wait -d 'How long to wait for a busy lock (0: do not wait)' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l conflict-exit-code -d 'Exit status when the lock was not acquired' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l hold-at-least -d 'Keep the lock until this long after acquisition even if the command ends sooner (without keeping a process alive), so hosts with skewed clocks do not run the same cron tick again' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l kill-signal -d 'First signal sent to the process group when the lock is lost (TERM, INT, HUP, QUIT, USR1, USR2, KILL, or a number; SIG prefix optional)' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l kill-after -d 'Escalate to SIGKILL this long after the kill signal, or at the lease deadline, whichever comes first' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l max-runtime -d 'Stop the command (kill signal, then SIGKILL after --kill-after) once it has run this long' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l metrics-file -d 'After every run (ran, busy, lost or failed), atomically replace this file with Prometheus text-format gauges for node_exporter\'s textfile collector (use one file per lock, named *.prom)' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -s q -l quiet -d 'Quieter: only errors'
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -s v -l verbose -d 'Louder: -v for each step of the run, -vv for every renewal'
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l url -d 'Backend URL: redis://[user:pass@]host:port[/db] (rediss:// for TLS), postgres://[user[:pass]@]host[:port]/db[?sslmode=...], etcd://host:port[,host:port...]. Give 3 or 5 redis:// URLs (repeated --url, or comma-separated in LOCKRUN_URL) for a Redlock quorum over independent servers. Prefer LOCKRUN_URL for URLs with a password: argv is visible in `ps`' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l password-file -d 'Read the backend password from this file (the first line; overrides the URL\'s). LOCKRUN_PASSWORD in the environment works too' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l key-prefix -d 'Namespace of the backend keys' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l pg-table -d 'PostgreSQL only: the lease table (TABLE or SCHEMA.TABLE), created if missing' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l log-format -d 'Log format on stderr' -r -f -a "text\t'`lockrun: <message>`'
+json\t'One JSON object a line with `ts` (RFC 3339, microseconds), `level`, `event`, `lock`, `msg` and fields'"
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s q -l quiet -d 'Quieter: only errors'
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s v -l verbose -d 'Louder: -v for each step of the run, -vv for every renewal'
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l json -d 'Print one JSON object instead of a sentence'
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l url -d 'Backend URL: redis://[user:pass@]host:port[/db] (rediss:// for TLS), postgres://[user[:pass]@]host[:port]/db[?sslmode=...], etcd://host:port[,host:port...]. Give 3 or 5 redis:// URLs (repeated --url, or comma-separated in LOCKRUN_URL) for a Redlock quorum over independent servers. Prefer LOCKRUN_URL for URLs with a password: argv is visible in `ps`' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l password-file -d 'Read the backend password from this file (the first line; overrides the URL\'s). LOCKRUN_PASSWORD in the environment works too' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l key-prefix -d 'Namespace of the backend keys' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l pg-table -d 'PostgreSQL only: the lease table (TABLE or SCHEMA.TABLE), created if missing' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l log-format -d 'Log format on stderr' -r -f -a "text\t'`lockrun: <message>`'
+json\t'One JSON object a line with `ts` (RFC 3339, microseconds), `level`, `event`, `lock`, `msg` and fields'"
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s q -l quiet -d 'Quieter: only errors'
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s v -l verbose -d 'Louder: -v for each step of the run, -vv for every renewal'
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l force -d 'Confirm that the lock is to be broken whoever holds it. The holder\'s command keeps running until its lockrun notices the loss (at its next renewal)'
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from run status release help" -f -a "run" -d 'Run COMMAND while holding the lock NAME (the default subcommand)'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from run status release help" -f -a "status" -d 'Show who holds the lock NAME (exit 0 held, 1 free, 125 error)'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from run status release help" -f -a "release" -d 'Break the lock NAME whoever holds it (operator override; needs --force)'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from run status release help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
