@@ -47,9 +47,8 @@ const COMPLETIONS: [(Shell, &str); 3] = [
     (Shell::Fish, "packaging/completions/lockrun.fish"),
 ];
 
-/// Files whose `sh` code blocks may run lockrun (the README sections are merged into
-/// README.md; whichever of the two exists is checked).
-const MARKDOWN: [&str; 2] = ["README.md", "packaging/README-sections.md"];
+/// Files whose `sh` code blocks may run lockrun.
+const MARKDOWN: [&str; 1] = ["README.md"];
 
 /// The fencing examples that the README shows and a test runs.
 const FENCING_EXAMPLES: [&str; 2] = [
@@ -726,9 +725,7 @@ fn documented_invocations() -> Vec<(String, Vec<String>)> {
         "found only {man} lockrun lines in the man page's EXAMPLES"
     );
     for rel in MARKDOWN {
-        if let Ok(text) = fs::read_to_string(root().join(rel)) {
-            from_lines(rel, markdown_shell_lines(&text));
-        }
+        from_lines(rel, markdown_shell_lines(&read(rel)));
     }
     let service = "packaging/systemd/lockrun-example.service";
     let exec_start = read(service)
