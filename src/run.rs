@@ -213,7 +213,7 @@ async fn acquire<B: Backend>(
                 // The request may have been applied: give back whatever we may hold.
                 abandon(cfg, backend, &req.token).await;
                 BackendError::Unavailable(format!(
-                    "Redis at {} did not answer within {}",
+                    "the backend at {} did not answer within {}",
                     cfg.backend.display,
                     ms(request_timeout(cfg.ttl))
                 ))
@@ -221,6 +221,11 @@ async fn acquire<B: Backend>(
         };
         let retry_in = Duration::from_millis(100 + crate::token::random_u64() % 400);
         if !error.is_transient() || tokio::time::Instant::now() + retry_in >= give_up_at {
+            if error.is_transient() {
+                // The request may have been applied before the error (a reply lost to
+                // a cut connection): give back whatever we may hold.
+                abandon(cfg, backend, &req.token).await;
+            }
             return Err(fail(&format!("{error}; the command was not started")));
         }
         emit(
@@ -308,7 +313,7 @@ async fn supervise<B: Backend>(
                     }
                     Ok(Err(BackendError::NotOwner)) => Event::RenewLost,
                     Ok(Err(e)) => renew_failed(&mut failures, &e.to_string()),
-                    Err(_) => renew_failed(&mut failures, &format!("Redis at {} did not answer in time", cfg.backend.display)),
+                    Err(_) => renew_failed(&mut failures, &format!("the backend at {} did not answer in time", cfg.backend.display)),
                 })
             }
             received = signals.recv() => match received {

@@ -175,7 +175,7 @@ fn definite_loss_stops_the_command(b: &Backend) {
     lr.wait().assert_failure(124);
 }
 
-fn backend_fault_kills_before_the_lease_expires(b: &Backend, fault: impl FnOnce(&Proxy)) {
+fn backend_fault_kills_before_the_lease_expires(b: &Backend, fault: impl FnOnce(&Backend)) {
     let s = Scratch::new();
     let mut cmd = b.run(
         "job",
@@ -187,23 +187,23 @@ fn backend_fault_kills_before_the_lease_expires(b: &Backend, fault: impl FnOnce(
     let pid = wait_pid(&s.path("pid"));
     thread::sleep(Duration::from_millis(700)); // past a renewal or two
     let at = Instant::now();
-    fault(&b.proxy);
+    fault(b);
     // The last renewal lockrun could have had answered was sent before `at`: its lease
     // ends before at + TTL, and the command must be dead by then.
     assert_dead_by(pid, at, at + TTL);
     lr.wait().assert_failure(124);
-    b.proxy.set_mode(Mode::Pass);
+    b.set_mode(Mode::Pass);
 }
 
 fn backend_down_kills_before_the_lease_expires(b: &Backend) {
-    backend_fault_kills_before_the_lease_expires(b, |p| {
-        p.set_mode(Mode::Refuse);
-        p.cut();
+    backend_fault_kills_before_the_lease_expires(b, |b| {
+        b.set_mode(Mode::Refuse);
+        b.cut();
     });
 }
 
 fn backend_hung_kills_before_the_lease_expires(b: &Backend) {
-    backend_fault_kills_before_the_lease_expires(b, |p| p.set_mode(Mode::Blackhole));
+    backend_fault_kills_before_the_lease_expires(b, |b| b.set_mode(Mode::Blackhole));
 }
 
 fn fencing_tokens_increase(b: &Backend) {
@@ -243,13 +243,13 @@ fn status_and_forced_release(b: &Backend) {
 }
 
 fn unreachable_backend_fails_closed(b: &Backend) {
-    b.proxy.set_mode(Mode::Refuse);
+    b.set_mode(Mode::Refuse);
     let s = Scratch::new();
     let mut cmd = b.run("job", &["--ttl", TTL_ARG], &sh(r#"touch "$MARKER""#));
     cmd.env("MARKER", s.path("marker"));
     run(cmd).assert_failure(125);
     assert!(!s.exists("marker"), "the command ran without the lock");
-    b.proxy.set_mode(Mode::Pass);
+    b.set_mode(Mode::Pass);
 }
 
 /// Instantiates every conformance test for each backend.
@@ -288,4 +288,7 @@ macro_rules! conformance {
 
 conformance! {
     redis => RedisServer::start();
+    redlock => Quorum::start();
+    postgres => Postgres::start();
+    etcd => Etcd::start();
 }

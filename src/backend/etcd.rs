@@ -1,57 +1,732 @@
-//! The etcd backend. Being written: every call answers that this build cannot use it
-//! yet, so a run fails closed (exit status 125) and never starts the command.
+//! The etcd backend (`etcd://host:port[,host:port...]`): the lock is a key attached to
+//! the holder's lease, kept alive while the command runs.
+//!
+//! Lock `NAME` under prefix `P` is the key `PNAME`. Its value is JSON
+//! `{"token", "host", "pid", "since_ms"}` for `status` (`since_ms` by the holder's clock:
+//! etcd tells no time). The fencing token is the revision at which the key was created
+//! (its `create_revision`): etcd's revision counter is cluster-wide and only grows, so
+//! every later acquisition of `NAME` gets a larger one (while etcd keeps its data).
+//!
+//! **Ownership** is "the key is attached to our lease". We choose the lease ID ourselves
+//! (63 random bits) before asking for the lease, so even an abandoned request (the
+//! driver's timeout) leaves nothing we could not revoke; an ID is unique while its lease
+//! lives. Every step:
+//! - acquire: grant the lease, then one transaction: if the key does not exist, put it
+//!   on the lease; else read it (busy: the lease is revoked again);
+//! - renew: a keep-alive of the lease (one request, one reply; a reply with TTL ≤ 0 means
+//!   the lease is gone) side by side with a read-only transaction checking the key is
+//!   still on the lease (`release --force`, `etcdctl del`): either failing is a definite
+//!   loss;
+//! - release: revoking the lease deletes the key atomically if, and only if, it is still
+//!   attached to it: never another holder's (one request; a lease already gone answers
+//!   NotOwner, a key deleted by hand under a live lease goes unnoticed here: renewals
+//!   notice it); `--hold-at-least` instead moves the key, if still on our lease, to a new
+//!   lease of the time left (rounded up, so at least that long) and revokes ours;
+//! - `--wait`: a watch for the key's deletion from the revision of the busy read, so a
+//!   release (or expiry) between the read and the watch is not missed.
+//!
+//! **TTLs** are whole seconds in etcd and the server's lease starts at the grant, after
+//! lockrun sent the request and started counting: rounding the TTL up keeps the
+//! server's lease at least as long as the one lockrun enforces. etcd only lengthens it:
+//! TTLs under its minimum (about 2 s with default settings) are raised, and a new
+//! leader extends every lease. So a crashed holder's lock can outlive `--ttl` a little;
+//! it never expires earlier than lockrun assumes.
+//!
+//! The client talks to one member at a time, made lazily. After any error or abandoned
+//! call it is dropped and the next call uses the next member; a call whose connection
+//! could not even be made is tried on the next member at once.
 
-use std::time::Duration;
+use std::future::Future;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, KeyValue, LeaseGrantOptions, PutOptions,
+    Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+};
 
 use super::{Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::config::{BackendConfig, EtcdTarget};
 
-/// A lock backend on etcd.
+/// The longest a waiter watches without asking again, in case a deletion was missed.
+const MAX_WAIT_SLICE: Duration = Duration::from_secs(2);
+/// How long to try a TCP connection to one member before calling it unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A lock backend on an etcd cluster.
 pub struct EtcdBackend {
-    display: String,
+    target: EtcdTarget,
+    key_prefix: String,
+    state: Mutex<State>,
+}
+
+/// The connection and our lease; never locked across an await.
+#[derive(Default)]
+struct State {
+    client: Option<Client>,
+    /// Which member to use (modulo their number); grows by one at each reset, so it
+    /// also tells whether the client a failed call used is still the current one.
+    member: usize,
+    /// Our lease from the moment we ask for it until it is revoked or given up.
+    lease: Option<OurLease>,
+    /// The revision of the last read that found the lock busy (a watch starts after it).
+    busy_revision: i64,
+}
+
+#[derive(Clone)]
+struct OurLease {
+    token: String,
+    id: i64,
+    /// The value we stored in the key (written again by `Release::KeepFor`).
+    value: String,
 }
 
 impl EtcdBackend {
-    /// A backend for `target`.
-    pub fn new(_target: EtcdTarget, config: &BackendConfig, _waiting: bool) -> EtcdBackend {
+    /// A backend for `target`. Waiting needs nothing up front (a watch is opened per
+    /// wait), so `_waiting` is not used.
+    pub fn new(target: EtcdTarget, config: &BackendConfig, _waiting: bool) -> EtcdBackend {
         EtcdBackend {
-            display: config.display.clone(),
+            target,
+            key_prefix: config.key_prefix.clone(),
+            state: Mutex::new(State::default()),
         }
     }
 
-    fn unsupported(&self) -> BackendError {
-        BackendError::Refused(format!(
-            "the etcd backend ({}) is not available in this build yet",
-            self.display
-        ))
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.key_prefix)
+    }
+
+    /// Member number `member` as `host:port` (never a password: those are kept apart).
+    fn member_name(&self, member: usize) -> String {
+        let eps = &self.target.endpoints;
+        let ep = &eps[member % eps.len().max(1)];
+        ep.strip_prefix("http://").unwrap_or(ep).to_owned()
+    }
+
+    /// The member in use, as `host:port`.
+    fn member(&self) -> String {
+        self.member_name(self.state().member)
+    }
+
+    /// Forgets the client of `member` if it is still the current one; the next call
+    /// connects to the next member. (Two calls that fail together move on only once.)
+    fn reset(&self, member: usize) {
+        let mut state = self.state();
+        if state.member == member {
+            state.client = None;
+            state.member = member.wrapping_add(1);
+        }
+    }
+
+    /// The client of `member`, made if needed (with credentials, this authenticates).
+    async fn client(&self, member: usize) -> Result<Client, etcd_client::Error> {
+        {
+            let state = self.state();
+            if let (Some(c), true) = (&state.client, state.member == member) {
+                return Ok(c.clone());
+            }
+        }
+        let endpoint = format!("http://{}", self.member_name(member));
+        // `require_leader`: a member cut off from the others answers "no leader" instead
+        // of serving a stale watch or a keep-alive it cannot forward.
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_require_leader(true);
+        if let Some((user, password)) = &self.target.credentials {
+            // Tokens expire (5 minutes by default) while a long command runs.
+            options = options
+                .with_user(user.as_str(), password.as_str())
+                .with_auto_token_refresh(true);
+        }
+        let client = Client::connect([endpoint], Some(options)).await?;
+        let mut state = self.state();
+        if state.member == member {
+            state.client = Some(client.clone());
+        }
+        Ok(client)
+    }
+
+    /// Runs `op` on the client. Any failure drops the client; so does abandoning the
+    /// call (the caller's timeout), since the connection may be hung. A call that never
+    /// reached a member is tried once on each of the others.
+    async fn call<T, F, Fut>(&self, op: F) -> Result<T, BackendError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut tries = self.target.endpoints.len().max(1);
+        loop {
+            let member = self.state().member;
+            let guard = ResetOnDrop(self, member);
+            let reply = match self.client(member).await {
+                Ok(client) => op(client).await,
+                Err(e) => Err(e),
+            };
+            std::mem::forget(guard);
+            match reply {
+                Ok(v) => return Ok(v),
+                Err(e) => {
+                    self.reset(member);
+                    tries -= 1;
+                    if tries == 0 || !never_sent(&e) {
+                        return Err(error(&e, &self.member_name(member)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Revokes lease `id` (and so deletes the keys attached to it). False if the lease
+    /// was already gone.
+    async fn revoke(&self, id: i64) -> Result<bool, BackendError> {
+        self.call(|mut c| async move {
+            match c.lease_revoke(id).await {
+                Ok(_) => Ok(true),
+                Err(e) if is_lease_not_found(&e) => Ok(false),
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+
+    /// Our lease for `token`, if we have one.
+    fn our_lease(&self, token: &str) -> Option<OurLease> {
+        self.state().lease.clone().filter(|l| l.token == token)
+    }
+
+    /// The holder stored in `kv`, with the time left on its lease.
+    async fn holder(&self, kv: &KeyValue) -> Result<Holder, BackendError> {
+        let lease = kv.lease();
+        let ttl = if lease == 0 {
+            0
+        } else {
+            self.call(|mut c| async move { c.lease_time_to_live(lease, None).await })
+                .await?
+                .ttl()
+        };
+        Ok(holder_from(kv.value(), kv.create_revision(), ttl))
+    }
+
+    /// The lock key as stored now, with the revision of the read.
+    async fn read(&self, key: &str) -> Result<(Option<KeyValue>, i64), BackendError> {
+        let reply = self
+            .call(|mut c| async move { c.get(key, None).await })
+            .await?;
+        let revision = reply.header().map_or(0, |h| h.revision());
+        Ok((reply.kvs().first().cloned(), revision))
+    }
+
+    /// Revokes a lease left from an earlier try that failed part-way (its transaction
+    /// may have been applied: a new try would find the lock "busy" with ourselves).
+    async fn drop_stale_lease(&self) -> Result<(), BackendError> {
+        let stale = self.state().lease.clone();
+        if let Some(old) = stale {
+            self.revoke(old.id).await?;
+            let mut state = self.state();
+            if state.lease.as_ref().is_some_and(|l| l.id == old.id) {
+                state.lease = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for a DELETE of `key` after revision `after`; returns at `deadline`.
+    async fn watch_deletion(
+        &self,
+        key: &str,
+        after: i64,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), BackendError> {
+        self.call(|mut c| async move {
+            let options = WatchOptions::new()
+                .with_start_revision(after + 1)
+                .with_filters([WatchFilterType::NoPut]);
+            let watch = async {
+                let mut stream = c.watch(key, Some(options)).await?;
+                // A cancelled watch (its start was compacted away) also ends the wait.
+                while let Some(reply) = stream.message().await? {
+                    let deleted = reply
+                        .events()
+                        .iter()
+                        .any(|e| e.event_type() == EventType::Delete);
+                    if deleted || reply.canceled() {
+                        break;
+                    }
+                }
+                Ok(())
+            };
+            tokio::time::timeout_at(deadline, watch)
+                .await
+                .unwrap_or(Ok(()))
+        })
+        .await
+    }
+
+    /// `Release::KeepFor`: moves the key to a new lease of `keep` (so it expires then),
+    /// if it is still on ours, and revokes ours.
+    async fn keep_for(
+        &self,
+        key: &str,
+        ours: &OurLease,
+        keep: Duration,
+    ) -> Result<(), BackendError> {
+        let id = new_lease_id();
+        self.call(|mut c| async move {
+            c.lease_grant(ttl_secs(keep), Some(LeaseGrantOptions::new().with_id(id)))
+                .await
+        })
+        .await?;
+        let move_key = Txn::new()
+            .when([Compare::lease(key, CompareOp::Equal, ours.id)])
+            .and_then([TxnOp::put(
+                key,
+                ours.value.as_str(),
+                Some(PutOptions::new().with_lease(id)),
+            )]);
+        let reply = self
+            .call(|mut c| {
+                let txn = move_key.clone();
+                async move { c.txn(txn).await }
+            })
+            .await;
+        let moved = matches!(reply, Ok(ref r) if r.succeeded());
+        if !moved {
+            // Not ours any more (or no answer): the new lease is not needed.
+            let _ = self.revoke(id).await;
+        }
+        // Nothing is on our old lease now (or, without an answer, let it go anyway).
+        let _ = self.revoke(ours.id).await;
+        match (reply, moved) {
+            (Err(e), _) => Err(e),
+            (Ok(_), true) => Ok(()),
+            (Ok(_), false) => Err(BackendError::NotOwner),
+        }
+    }
+}
+
+/// Forgets the backend's client if dropped: armed around each call and defused
+/// (forgotten) when the call completes.
+struct ResetOnDrop<'a>(&'a EtcdBackend, usize);
+
+impl Drop for ResetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.reset(self.1);
     }
 }
 
 impl Backend for EtcdBackend {
-    async fn acquire(&self, _name: &str, _req: &AcquireRequest) -> Result<Acquire, BackendError> {
-        Err(self.unsupported())
+    async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
+        self.drop_stale_lease().await?;
+        let key = self.key(name);
+        let ours = OurLease {
+            token: req.token.clone(),
+            id: new_lease_id(),
+            value: holder_value(req),
+        };
+        // Recorded before asking: an abandoned acquire is cleaned up by `release`.
+        self.state().lease = Some(ours.clone());
+        let (id, ttl) = (ours.id, ttl_secs(req.ttl));
+        let granted = self
+            .call(|mut c| async move {
+                c.lease_grant(ttl, Some(LeaseGrantOptions::new().with_id(id)))
+                    .await
+            })
+            .await?;
+        if granted.ttl() < ttl {
+            return Err(BackendError::Refused(format!(
+                "etcd at {} granted a lease of {}s instead of {ttl}s: raise its maximum lease TTL",
+                self.member(),
+                granted.ttl()
+            )));
+        }
+        let take = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.as_str(),
+                ours.value.as_str(),
+                Some(PutOptions::new().with_lease(id)),
+            )])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        let reply = self
+            .call(|mut c| {
+                let txn = take.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
+        let revision = reply.header().map_or(0, |h| h.revision());
+        if reply.succeeded() {
+            // The put's revision is the key's create_revision: the fencing token.
+            return Ok(Acquire::Acquired {
+                fencing_token: u64::try_from(revision).unwrap_or(0),
+            });
+        }
+        let kv = reply.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Get(g) => g.kvs().first().cloned(),
+            _ => None,
+        });
+        {
+            let mut state = self.state();
+            state.busy_revision = revision;
+            state.lease = None;
+        }
+        let holder = async {
+            match &kv {
+                Some(kv) => self.holder(kv).await,
+                None => Ok(Holder::default()),
+            }
+        };
+        // The lease is not needed while busy; it would expire anyway.
+        let (_, holder) = tokio::join!(self.revoke(id), holder);
+        Ok(Acquire::Busy(holder?))
     }
-    async fn renew(&self, _name: &str, _token: &str, _ttl: Duration) -> Result<(), BackendError> {
-        Err(self.unsupported())
+
+    async fn renew(&self, name: &str, token: &str, _ttl: Duration) -> Result<(), BackendError> {
+        // A keep-alive restores the TTL granted at acquire (the same `--ttl`).
+        let Some(ours) = self.our_lease(token) else {
+            return Err(BackendError::NotOwner);
+        };
+        let key = self.key(name);
+        let id = ours.id;
+        let alive = self.call(|mut c| async move {
+            match c.lease_keep_alive(id).await {
+                Ok(_) => Ok(true),
+                Err(e) if is_lease_not_found(&e) => Ok(false),
+                Err(e) => Err(e),
+            }
+        });
+        let on_lease = self.call(|mut c| {
+            let check = Txn::new().when([Compare::lease(key.as_str(), CompareOp::Equal, id)]);
+            async move { c.txn(check).await.map(|r| r.succeeded()) }
+        });
+        // A definite loss from either answer wins over an error from the other.
+        match tokio::join!(alive, on_lease) {
+            (Ok(false), _) | (_, Ok(false)) => Err(BackendError::NotOwner),
+            (Ok(true), Ok(true)) => Ok(()),
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        }
     }
-    async fn release(&self, _name: &str, _token: &str, _how: Release) -> Result<(), BackendError> {
-        Err(self.unsupported())
+
+    async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
+        let Some(ours) = self.our_lease(token) else {
+            return Err(BackendError::NotOwner);
+        };
+        self.state().lease = None;
+        match how {
+            // Revoking deletes the key only if it is attached to our lease: a lock
+            // that is someone else's by now is on another lease and stays.
+            Release::Now => match self.revoke(ours.id).await? {
+                true => Ok(()),
+                false => Err(BackendError::NotOwner),
+            },
+            Release::KeepFor(keep) => self.keep_for(&self.key(name), &ours, keep).await,
+        }
     }
-    async fn inspect(&self, _name: &str) -> Result<Option<Holder>, BackendError> {
-        Err(self.unsupported())
+
+    async fn inspect(&self, name: &str) -> Result<Option<Holder>, BackendError> {
+        match self.read(&self.key(name)).await? {
+            (Some(kv), _) => Ok(Some(self.holder(&kv).await?)),
+            (None, _) => Ok(None),
+        }
     }
-    async fn force_release(&self, _name: &str) -> Result<Option<Holder>, BackendError> {
-        Err(self.unsupported())
+
+    async fn force_release(&self, name: &str) -> Result<Option<Holder>, BackendError> {
+        let key = self.key(name);
+        // Delete exactly the lock that was read (if it changed meanwhile, read again),
+        // then revoke its lease so that its holder's next keep-alive fails too.
+        for _ in 0..3 {
+            let Some(kv) = self.read(&key).await?.0 else {
+                return Ok(None);
+            };
+            let holder = self.holder(&kv).await?;
+            let created = kv.create_revision();
+            let delete = Txn::new()
+                .when([Compare::create_revision(
+                    key.as_str(),
+                    CompareOp::Equal,
+                    created,
+                )])
+                .and_then([TxnOp::delete(key.as_str(), None)]);
+            let deleted = self
+                .call(|mut c| {
+                    let txn = delete.clone();
+                    async move { c.txn(txn).await }
+                })
+                .await?
+                .succeeded();
+            if deleted {
+                if kv.lease() != 0 {
+                    let _ = self.revoke(kv.lease()).await;
+                }
+                return Ok(Some(holder));
+            }
+        }
+        Err(BackendError::Unavailable(format!(
+            "the lock at etcd {} kept changing while it was being broken; try again",
+            self.member()
+        )))
     }
+
     async fn wait_for_release(
         &self,
-        _name: &str,
-        _busy: &Holder,
-        _max: Duration,
+        name: &str,
+        busy: &Holder,
+        max: Duration,
     ) -> Result<(), BackendError> {
-        Err(self.unsupported())
+        // The lease expires in under ttl_left + 1s (etcd rounds down); the expiry is a
+        // deletion too, so the watch sees it. Capped, with jitter so that waiters that
+        // time out together do not ask together.
+        let jitter = Duration::from_millis(crate::token::random_u64() % 50);
+        let slice = (busy.ttl_left + Duration::from_secs(1))
+            .min(MAX_WAIT_SLICE)
+            .saturating_add(jitter)
+            .min(max);
+        let deadline = tokio::time::Instant::now() + slice;
+        let after = self.state().busy_revision;
+        let watched = self.watch_deletion(&self.key(name), after, deadline).await;
+        if watched.is_err() {
+            // Not a busy loop against a failing server: sit out the slice.
+            tokio::time::sleep_until(deadline).await;
+        }
+        watched
     }
+
     async fn stop_waiting(&self, _name: &str) -> Result<(), BackendError> {
+        // A waiter is only a watch, gone with the call that made it.
         Ok(())
+    }
+}
+
+/// etcd TTLs are whole seconds: round up, so the server keeps the lease at least `d`.
+fn ttl_secs(d: Duration) -> i64 {
+    i64::try_from(d.as_millis().div_ceil(1000).max(1)).unwrap_or(i64::MAX)
+}
+
+/// A random, positive lease ID (etcd chooses one when given 0).
+fn new_lease_id() -> i64 {
+    let raw = u64::from_str_radix(&crate::token::random_hex(8), 16).unwrap_or(1);
+    i64::try_from(raw >> 1).unwrap_or(1).max(1)
+}
+
+/// The key's value: the token and who we are, for `status`.
+fn holder_value(req: &AcquireRequest) -> String {
+    let since_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    serde_json::json!({
+        "token": req.token, "host": req.host, "pid": req.pid, "since_ms": since_ms,
+    })
+    .to_string()
+}
+
+/// Reads a holder from a key's value (anything but our JSON gives empty fields).
+fn holder_from(value: &[u8], create_revision: i64, ttl: i64) -> Holder {
+    let v: serde_json::Value = serde_json::from_slice(value).unwrap_or_default();
+    Holder {
+        host: v["host"].as_str().unwrap_or_default().to_owned(),
+        pid: v["pid"]
+            .as_u64()
+            .and_then(|p| u32::try_from(p).ok())
+            .unwrap_or(0),
+        since_ms: v["since_ms"].as_u64().unwrap_or(0),
+        fencing_token: u64::try_from(create_revision).unwrap_or(0),
+        // -1: the lease is gone and the key about to be.
+        ttl_left: Duration::from_secs(u64::try_from(ttl).unwrap_or(0)),
+    }
+}
+
+/// gRPC status codes (numbers fixed by the gRPC protocol).
+mod code {
+    pub const INVALID_ARGUMENT: i32 = 3;
+    pub const PERMISSION_DENIED: i32 = 7;
+    pub const FAILED_PRECONDITION: i32 = 9;
+    pub const OUT_OF_RANGE: i32 = 11;
+    pub const UNIMPLEMENTED: i32 = 12;
+    pub const UNAUTHENTICATED: i32 = 16;
+}
+
+/// Translates a client error into one line naming the member as `host:port` only.
+fn error(e: &etcd_client::Error, at: &str) -> BackendError {
+    use etcd_client::Error as E;
+    match e {
+        E::GRpcStatus(s) => status_error(s.code() as i32, s.message(), io_reason(s), at),
+        E::TransportError(t) => BackendError::Unavailable(format!(
+            "cannot reach etcd at {at}: {}",
+            io_reason(t).unwrap_or_else(|| "transport error".into())
+        )),
+        E::InvalidArgs(_) | E::InvalidUri(_) | E::InvalidMetadataValue(_) => {
+            BackendError::Refused(format!("etcd at {at} cannot be used: {e}"))
+        }
+        other => BackendError::Unavailable(format!("etcd at {at} failed: {other}")),
+    }
+}
+
+/// Classifies a gRPC status by its code and etcd's message.
+fn status_error(code: i32, message: &str, io: Option<String>, at: &str) -> BackendError {
+    let msg = message.trim().trim_start_matches("etcdserver: ");
+    let refused = |what: String| BackendError::Refused(format!("etcd at {at} {what}"));
+    match code {
+        code::INVALID_ARGUMENT if msg.contains("authentication failed") => {
+            refused("refused authentication: check the user and password".into())
+        }
+        code::FAILED_PRECONDITION if msg.contains("authentication is not enabled") => {
+            refused("has authentication disabled: remove the user from the URL".into())
+        }
+        code::UNAUTHENTICATED | code::PERMISSION_DENIED => refused(format!(
+            "denied access ({msg}): check the user and its role's permissions on the key prefix"
+        )),
+        // Our random lease ID was taken (odds 2^-63): the next try draws another.
+        // Something that speaks HTTP/2 but is not etcd (a proxy, another service).
+        _ if msg.contains("grpc-status header missing") => refused(format!(
+            "did not answer as etcd does ({msg}): check the host and port"
+        )),
+        code::FAILED_PRECONDITION if msg.contains("lease already exists") => {
+            BackendError::Unavailable(format!("etcd at {at}: {msg}"))
+        }
+        code::INVALID_ARGUMENT
+        | code::FAILED_PRECONDITION
+        | code::OUT_OF_RANGE
+        | code::UNIMPLEMENTED => refused(format!("rejected a request: {msg}")),
+        _ => BackendError::Unavailable(match io {
+            Some(reason) => format!("cannot reach etcd at {at}: {reason}"),
+            None => format!("etcd at {at} is not available: {msg}"),
+        }),
+    }
+}
+
+/// The operating-system reason somewhere in an error's chain, in a few words.
+fn io_reason(top: &(dyn std::error::Error + 'static)) -> Option<String> {
+    use std::io::ErrorKind as K;
+    let mut timed_out = false;
+    let mut cur = Some(top);
+    while let Some(e) = cur {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return Some(match io.kind() {
+                K::ConnectionRefused => "connection refused".into(),
+                K::TimedOut => "timed out".into(),
+                K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof => {
+                    "connection closed".into()
+                }
+                _ => io.to_string(),
+            });
+        }
+        let text = e.to_string();
+        timed_out |= text.contains("timed out") || text.contains("timeout");
+        cur = e.source();
+    }
+    timed_out.then(|| "timed out".into())
+}
+
+/// True when the request cannot have reached the member: its connection was never
+/// made. Such a call is safe to send to another member.
+fn never_sent(e: &etcd_client::Error) -> bool {
+    let top: &(dyn std::error::Error + 'static) = match e {
+        etcd_client::Error::GRpcStatus(s) => s,
+        etcd_client::Error::TransportError(t) => t,
+        _ => return false,
+    };
+    let mut cur = Some(top);
+    while let Some(e) = cur {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        let text = e.to_string();
+        if text.contains("tcp connect error") || text.contains("dns error") {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
+}
+
+/// True for etcd's answer that a lease does not exist (expired or revoked).
+fn is_lease_not_found(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("lease not found"),
+        etcd_client::Error::GRpcStatus(s) => s.message().contains("requested lease not found"),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_rounds_up_to_whole_seconds() {
+        assert_eq!(ttl_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ttl_secs(Duration::from_millis(999)), 1);
+        assert_eq!(ttl_secs(Duration::from_secs(2)), 2);
+        assert_eq!(ttl_secs(Duration::from_millis(2001)), 3);
+        assert_eq!(ttl_secs(Duration::ZERO), 1);
+    }
+
+    #[test]
+    fn lease_ids_are_positive_and_differ() {
+        let (a, b) = (new_lease_id(), new_lease_id());
+        assert!(a > 0 && b > 0);
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn holder_round_trips_through_the_value() {
+        let req = AcquireRequest {
+            token: "ab".repeat(16),
+            ttl: Duration::from_secs(30),
+            host: "web1".into(),
+            pid: 4242,
+        };
+        let h = holder_from(holder_value(&req).as_bytes(), 77, 12);
+        assert_eq!(
+            (h.host.as_str(), h.pid, h.fencing_token),
+            ("web1", 4242, 77)
+        );
+        assert_eq!(h.ttl_left, Duration::from_secs(12));
+        assert!(h.since_ms > 1_600_000_000_000);
+        let foreign = holder_from(b"not json", 5, -1);
+        assert_eq!((foreign.host.as_str(), foreign.pid), ("", 0));
+        assert_eq!(foreign.ttl_left, Duration::ZERO);
+    }
+
+    #[test]
+    fn statuses_are_classified_by_code_and_message() {
+        let refused = |code, msg| {
+            matches!(
+                status_error(code, msg, None, "h:1"),
+                BackendError::Refused(_)
+            )
+        };
+        let auth = "etcdserver: authentication failed, invalid user ID or password";
+        assert!(refused(code::INVALID_ARGUMENT, auth));
+        assert!(refused(
+            code::PERMISSION_DENIED,
+            "etcdserver: permission denied"
+        ));
+        assert!(refused(
+            code::UNIMPLEMENTED,
+            "grpc-status header missing, mapped from HTTP status code 404"
+        ));
+        assert!(!refused(14, "etcdserver: no leader"));
+        assert!(!refused(
+            code::FAILED_PRECONDITION,
+            "etcdserver: lease already exists"
+        ));
+        let e = status_error(
+            14,
+            "transport error",
+            Some("connection refused".into()),
+            "h:1",
+        );
+        assert_eq!(
+            e,
+            BackendError::Unavailable("cannot reach etcd at h:1: connection refused".into())
+        );
+        let e = status_error(code::INVALID_ARGUMENT, auth, None, "h:1").to_string();
+        assert!(e.starts_with("etcd at h:1 refused authentication"), "{e}");
     }
 }

@@ -1,57 +1,516 @@
-//! The PostgreSQL backend. Being written: every call answers that this build cannot use it
-//! yet, so a run fails closed (exit status 125) and never starts the command.
+//! The PostgreSQL backend (`postgres://`, `postgresql://`): one lease row per lock.
+//!
+//! Table `T` (`--pg-table`, created with its sequence `T_fence` when missing) holds a row
+//! per lock key `PREFIX + NAME`: the holder's `token`, `fence`, `host`, `pid`, `since` and
+//! `expires_at`. A row is never deleted by lockrun: release and `release --force` mark it
+//! free (empty token, expired), so that the row lock orders every acquisition of a name.
+//!
+//! Every step is ONE autocommit statement, atomic on the server (see [`Sql`]):
+//! - expiry is judged by the database's clock, `now()`: the start of the statement's own
+//!   transaction. It is one value for the whole statement (so no check can disagree with
+//!   another), it is never later than the real time of the check (so a lease is never
+//!   judged expired early), and it is never earlier than our request's sending (so an
+//!   expiry written as `now() + ttl` never ends before lockrun's local deadline);
+//! - renew and release act only where the stored token is ours and still valid;
+//! - the fencing token is `nextval` of the sequence, taken inside the acquiring write
+//!   while it holds the row lock, so it is larger than every token committed before for
+//!   that name, and durable with the commit (the session asks for
+//!   `synchronous_commit = on`, and the sequence caches nothing).
+//!
+//! `--wait`ers LISTEN on a channel per lock (`lockrun_` + a hash of table and key); a
+//! release NOTIFYs it in the same statement, so the wake-up is sent exactly when the
+//! release commits. Wake-ups ride on the connection, which a spawned task drives.
+//!
+//! The connection is made lazily and dropped after any error or abandoned call (the
+//! caller's timeout), so a hung or cut connection is replaced on the next call.
 
+mod errors;
+mod sql;
+mod tls;
+
+use std::future::poll_fn;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Row};
 
 use super::{Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::config::{BackendConfig, PostgresTarget};
+use sql::{channel, Sql, SESSION};
+
+/// The longest a waiter sleeps without asking again, in case a wake-up was lost.
+const MAX_WAIT_SLICE: Duration = Duration::from_secs(2);
+
+/// The longest a polite close may take before the connection is just dropped.
+const CLOSE_TIME: Duration = Duration::from_millis(200);
 
 /// A lock backend on PostgreSQL.
 pub struct PostgresBackend {
+    /// Boxed, as are the statements: the parsed configuration is large.
+    target: Box<PostgresTarget>,
     display: String,
+    key_prefix: String,
+    sql: Box<Sql>,
+    waiting: bool,
+    state: Mutex<ConnState>,
+}
+
+/// The connection and what rides on it; replaced as a whole after any failure.
+#[derive(Default)]
+struct ConnState {
+    client: Option<Arc<Client>>,
+    /// The task that drives the connection; aborting it closes the socket.
+    driver: Option<JoinHandle<()>>,
+    /// Wake-ups from NOTIFY (at most one pending: one is as good as many).
+    wakeups: Option<mpsc::Receiver<()>>,
+    listening: bool,
+    /// Counts connections, so that a late failure of an old one never drops a new one.
+    generation: u64,
+}
+
+type Params<'a> = [(&'a (dyn ToSql + Sync), Type)];
+
+/// What a statement does when the table (or its sequence) does not exist yet.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Missing {
+    /// Create them and run the statement again (a lock is being taken or kept).
+    Create,
+    /// Answer no rows: nothing was ever locked (`status` and `release --force`
+    /// create nothing).
+    NoRows,
 }
 
 impl PostgresBackend {
-    /// A backend for `target`.
-    pub fn new(_target: PostgresTarget, config: &BackendConfig, _waiting: bool) -> PostgresBackend {
+    /// A backend for `target`; `waiting` says the caller may wait for a busy lock
+    /// (`--wait`), so a busy answer subscribes to release notifications.
+    pub fn new(target: PostgresTarget, config: &BackendConfig, waiting: bool) -> PostgresBackend {
         PostgresBackend {
+            sql: Box::new(Sql::new(&target.table)),
+            target: Box::new(target),
             display: config.display.clone(),
+            key_prefix: config.key_prefix.clone(),
+            waiting,
+            state: Mutex::new(ConnState::default()),
         }
     }
 
-    fn unsupported(&self) -> BackendError {
+    /// The connection state; the lock is never held across an await.
+    fn state(&self) -> MutexGuard<'_, ConnState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Forgets connection `generation` (if it is still the current one) and closes it.
+    fn reset(&self, generation: u64) {
+        let mut state = self.state();
+        if state.generation == generation {
+            if let Some(driver) = state.driver.take() {
+                driver.abort();
+            }
+            *state = ConnState {
+                generation,
+                ..ConnState::default()
+            };
+        }
+    }
+
+    /// Closes the connection politely: tokio-postgres sends Terminate (and, over TLS,
+    /// close_notify) once the client is gone, so the server logs no "connection reset".
+    /// Called after a run's last request; a later call would simply reconnect.
+    async fn close(&self) {
+        let (client, driver) = {
+            let mut state = self.state();
+            let taken = (state.client.take(), state.driver.take());
+            *state = ConnState {
+                generation: state.generation,
+                ..ConnState::default()
+            };
+            taken
+        };
+        drop(client);
+        if let Some(driver) = driver {
+            let abort = driver.abort_handle();
+            if tokio::time::timeout(CLOSE_TIME, driver).await.is_err() {
+                abort.abort();
+            }
+        }
+    }
+
+    /// The client and its generation, connecting if needed.
+    async fn connection(&self) -> Result<(Arc<Client>, u64), BackendError> {
+        {
+            let state = self.state();
+            if let Some(c) = &state.client {
+                return Ok((c.clone(), state.generation));
+            }
+        }
+        let mut config = self.target.config.clone();
+        if config.get_application_name().is_none() {
+            config.application_name("lockrun");
+        }
+        let (wake, wakeups) = mpsc::channel(1);
+        let (client, driver) = if self.target.tls {
+            let tls = tls::MakeRustls::encrypt_only().map_err(|e| {
+                BackendError::Refused(format!("cannot set up TLS to {}: {e}", self.display))
+            })?;
+            let (client, conn) = config.connect(tls).await.map_err(|e| self.error(&e))?;
+            (client, tokio::spawn(drive(conn, wake)))
+        } else {
+            let (client, conn) = config.connect(NoTls).await.map_err(|e| self.error(&e))?;
+            (client, tokio::spawn(drive(conn, wake)))
+        };
+        let client = Arc::new(client);
+        let generation = {
+            let mut state = self.state();
+            if let Some(old) = state.driver.take() {
+                old.abort();
+            }
+            let generation = state.generation + 1;
+            *state = ConnState {
+                client: Some(client.clone()),
+                driver: Some(driver),
+                wakeups: Some(wakeups),
+                listening: false,
+                generation,
+            };
+            generation
+        };
+        let guard = ResetOnDrop::new(self, generation);
+        match client.batch_execute(SESSION).await {
+            Ok(()) => guard.defuse(),
+            Err(e) => return Err(self.error(&e)),
+        }
+        Ok((client, generation))
+    }
+
+    /// Runs `sql` (one round trip, no prepared statement to go stale). A missing table
+    /// or sequence is dealt with as `missing` says; any other failure, or the caller
+    /// abandoning the call, drops the connection.
+    async fn query(
+        &self,
+        sql: &str,
+        params: &Params<'_>,
+        missing: Missing,
+    ) -> Result<Vec<Row>, BackendError> {
+        let mut created = false;
+        loop {
+            let (client, generation) = self.connection().await?;
+            let guard = ResetOnDrop::new(self, generation);
+            let reply = client.query_typed(sql, params).await;
+            match reply {
+                Ok(rows) => {
+                    guard.defuse();
+                    return Ok(rows);
+                }
+                Err(e) if !created && e.code() == Some(&SqlState::UNDEFINED_TABLE) => {
+                    if missing == Missing::NoRows {
+                        guard.defuse();
+                        return Ok(Vec::new());
+                    }
+                    self.create_table(&client).await?;
+                    guard.defuse();
+                    created = true;
+                }
+                Err(e) => return Err(self.error(&e)),
+            }
+        }
+    }
+
+    /// Like [`PostgresBackend::query`], for a statement whose row count is the answer.
+    async fn count(&self, sql: &str, params: &Params<'_>) -> Result<usize, BackendError> {
+        Ok(self.query(sql, params, Missing::Create).await?.len())
+    }
+
+    async fn create_table(&self, client: &Client) -> Result<(), BackendError> {
+        match client.batch_execute(&self.sql.setup).await {
+            Ok(()) => Ok(()),
+            // Someone created it between our check and ours, without the advisory lock
+            // (an older or hand-made setup): it is there now.
+            Err(e)
+                if [SqlState::UNIQUE_VIOLATION, SqlState::DUPLICATE_TABLE]
+                    .iter()
+                    .any(|c| e.code() == Some(c)) =>
+            {
+                Ok(())
+            }
+            Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+                Err(BackendError::Refused(format!(
+                    "PostgreSQL at {} does not let this user create the lock table {} \
+                     ({}): grant CREATE on its schema, or create it once as a user who may",
+                    self.display,
+                    self.target.table,
+                    e.as_db_error().map_or("", |d| d.message())
+                )))
+            }
+            Err(e) => Err(self.error(&e)),
+        }
+    }
+
+    /// LISTENs on `name`'s channel, once per connection.
+    async fn listen(&self, name: &str) -> Result<(), BackendError> {
+        let (client, generation) = self.connection().await?;
+        if self.state().listening {
+            return Ok(());
+        }
+        let guard = ResetOnDrop::new(self, generation);
+        let channel = channel(&self.target.table, &self.key(name));
+        match client.batch_execute(&format!("LISTEN {channel}")).await {
+            Ok(()) => guard.defuse(),
+            Err(e) => return Err(self.error(&e)),
+        }
+        let mut state = self.state();
+        if state.generation == generation {
+            state.listening = true;
+        }
+        Ok(())
+    }
+
+    fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.key_prefix)
+    }
+
+    fn channel(&self, name: &str) -> String {
+        channel(&self.target.table, &self.key(name))
+    }
+
+    async fn try_acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
+        let key = self.key(name);
+        let pid = i64::from(req.pid);
+        let ttl = millis(req.ttl);
+        for _ in 0..3 {
+            let rows = self
+                .query(
+                    &self.sql.acquire,
+                    &[
+                        (&key, Type::TEXT),
+                        (&req.token, Type::TEXT),
+                        (&req.host, Type::TEXT),
+                        (&pid, Type::INT8),
+                        (&ttl, Type::INT8),
+                    ],
+                    Missing::Create,
+                )
+                .await?;
+            if let Some(row) = rows.first() {
+                return match row.try_get::<_, bool>(0) {
+                    Ok(true) => Ok(Acquire::Acquired {
+                        fencing_token: self.number(row, 1)?,
+                    }),
+                    Ok(false) => Ok(Acquire::Busy(self.holder(row, 1)?)),
+                    Err(_) => Err(self.unexpected()),
+                };
+            }
+            // Taken by a transaction that committed after our statement's snapshot: its
+            // row is not visible to the statement, but is to the next one.
+            if let Some(holder) = self.inspect(name).await? {
+                return Ok(Acquire::Busy(holder));
+            }
+        }
+        Ok(Acquire::Busy(Holder::default()))
+    }
+
+    fn unexpected(&self) -> BackendError {
         BackendError::Refused(format!(
-            "the PostgreSQL backend ({}) is not available in this build yet",
-            self.display
+            "PostgreSQL at {} gave an unexpected answer: is {} a lockrun table?",
+            self.display, self.target.table
         ))
+    }
+
+    fn number(&self, row: &Row, i: usize) -> Result<u64, BackendError> {
+        let n: i64 = row.try_get(i).map_err(|_| self.unexpected())?;
+        u64::try_from(n).map_err(|_| self.unexpected())
+    }
+
+    /// Parses `fence, host, pid, since_ms, ttl_ms` from column `at` on.
+    fn holder(&self, row: &Row, at: usize) -> Result<Holder, BackendError> {
+        Ok(Holder {
+            fencing_token: self.number(row, at)?,
+            host: row.try_get(at + 1).map_err(|_| self.unexpected())?,
+            pid: u32::try_from(self.number(row, at + 2)?).unwrap_or(0),
+            since_ms: self.number(row, at + 3)?,
+            ttl_left: Duration::from_millis(self.number(row, at + 4)?),
+        })
+    }
+
+    /// Translates a client error (see [`errors::describe`]).
+    fn error(&self, e: &tokio_postgres::Error) -> BackendError {
+        errors::describe(e, &self.display, &self.target.table)
     }
 }
 
+impl Drop for PostgresBackend {
+    fn drop(&mut self) {
+        if let Some(driver) = self.state().driver.take() {
+            driver.abort();
+        }
+    }
+}
+
+/// Drives connection `conn` (it does the socket I/O for every request) and passes
+/// on notifications; ends, closing the socket, when the connection fails or the
+/// client is gone, or when aborted.
+async fn drive<S, T>(mut conn: Connection<S, T>, wake: mpsc::Sender<()>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    while let Some(Ok(message)) = poll_fn(|cx| conn.poll_message(cx)).await {
+        if let AsyncMessage::Notification(_) = message {
+            let _ = wake.try_send(());
+        }
+    }
+}
+
+/// Forgets the backend's connection if dropped before [`ResetOnDrop::defuse`]: armed
+/// around each request, so a call abandoned by the caller's timeout (or failed) leaves
+/// no half-used connection behind.
+struct ResetOnDrop<'a> {
+    backend: &'a PostgresBackend,
+    generation: u64,
+    armed: bool,
+}
+
+impl<'a> ResetOnDrop<'a> {
+    fn new(backend: &'a PostgresBackend, generation: u64) -> Self {
+        ResetOnDrop {
+            backend,
+            generation,
+            armed: true,
+        }
+    }
+
+    fn defuse(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for ResetOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.backend.reset(self.generation);
+        }
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis().max(1)).unwrap_or(i64::MAX)
+}
+
 impl Backend for PostgresBackend {
-    async fn acquire(&self, _name: &str, _req: &AcquireRequest) -> Result<Acquire, BackendError> {
-        Err(self.unsupported())
+    async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
+        let first = self.try_acquire(name, req).await?;
+        if !self.waiting || matches!(first, Acquire::Acquired { .. }) || self.state().listening {
+            return Ok(first);
+        }
+        // Busy, and about to wait: LISTEN, then try once more, so a release between the
+        // first try and the LISTEN is not missed. An uncontended run never pays for it.
+        self.listen(name).await?;
+        self.try_acquire(name, req).await
     }
-    async fn renew(&self, _name: &str, _token: &str, _ttl: Duration) -> Result<(), BackendError> {
-        Err(self.unsupported())
+
+    async fn renew(&self, name: &str, token: &str, ttl: Duration) -> Result<(), BackendError> {
+        let (key, ttl) = (self.key(name), millis(ttl));
+        let params: &Params<'_> = &[(&key, Type::TEXT), (&token, Type::TEXT), (&ttl, Type::INT8)];
+        match self.count(&self.sql.extend, params).await? {
+            0 => Err(BackendError::NotOwner),
+            _ => Ok(()),
+        }
     }
-    async fn release(&self, _name: &str, _token: &str, _how: Release) -> Result<(), BackendError> {
-        Err(self.unsupported())
+
+    async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
+        let key = self.key(name);
+        let released = match how {
+            Release::Now => {
+                let channel = self.channel(name);
+                let params: &Params<'_> = &[
+                    (&key, Type::TEXT),
+                    (&token, Type::TEXT),
+                    (&channel, Type::TEXT),
+                ];
+                self.count(&self.sql.release, params).await?
+            }
+            Release::KeepFor(d) => {
+                let keep = millis(d);
+                let params: &Params<'_> = &[
+                    (&key, Type::TEXT),
+                    (&token, Type::TEXT),
+                    (&keep, Type::INT8),
+                ];
+                self.count(&self.sql.extend, params).await?
+            }
+        };
+        // Releasing ends a run: nothing more to ask.
+        self.close().await;
+        match released {
+            0 => Err(BackendError::NotOwner),
+            _ => Ok(()),
+        }
     }
-    async fn inspect(&self, _name: &str) -> Result<Option<Holder>, BackendError> {
-        Err(self.unsupported())
+
+    async fn inspect(&self, name: &str) -> Result<Option<Holder>, BackendError> {
+        let key = self.key(name);
+        let params: &Params<'_> = &[(&key, Type::TEXT)];
+        let rows = self
+            .query(&self.sql.inspect, params, Missing::NoRows)
+            .await?;
+        rows.first().map(|r| self.holder(r, 0)).transpose()
     }
-    async fn force_release(&self, _name: &str) -> Result<Option<Holder>, BackendError> {
-        Err(self.unsupported())
+
+    async fn force_release(&self, name: &str) -> Result<Option<Holder>, BackendError> {
+        let (key, channel) = (self.key(name), self.channel(name));
+        let params: &Params<'_> = &[(&key, Type::TEXT), (&channel, Type::TEXT)];
+        let rows = self.query(&self.sql.force, params, Missing::NoRows).await?;
+        rows.first().map(|r| self.holder(r, 0)).transpose()
     }
+
     async fn wait_for_release(
         &self,
         _name: &str,
-        _busy: &Holder,
-        _max: Duration,
+        busy: &Holder,
+        max: Duration,
     ) -> Result<(), BackendError> {
-        Err(self.unsupported())
+        // Sleep until the holder's lease would expire (a crashed holder never sends a
+        // wake-up), capped in case a wake-up was lost, with jitter so waiters that
+        // time out together do not ask together.
+        let jitter = Duration::from_millis(crate::token::random_u64() % 50);
+        let slice = (busy.ttl_left + jitter)
+            .min(MAX_WAIT_SLICE + jitter)
+            .min(max);
+        let (taken, generation) = {
+            let mut state = self.state();
+            let taken = if state.listening {
+                state.wakeups.take()
+            } else {
+                None
+            };
+            (taken, state.generation)
+        };
+        let Some(mut wakeups) = taken else {
+            tokio::time::sleep(slice).await;
+            return Ok(());
+        };
+        match tokio::time::timeout(slice, wakeups.recv()).await {
+            // The connection is gone: the next call reconnects and listens again.
+            Ok(None) => self.reset(generation),
+            Ok(Some(())) | Err(_) => {
+                let mut state = self.state();
+                if state.generation == generation && state.client.is_some() {
+                    state.wakeups = Some(wakeups);
+                }
+            }
+        }
+        Ok(())
     }
+
     async fn stop_waiting(&self, _name: &str) -> Result<(), BackendError> {
+        // Nothing is queued on the server: a LISTEN ends with the connection. Giving up
+        // on a busy lock ends a run, so the connection is closed (a release that may
+        // follow, when abandoning, reconnects).
+        self.close().await;
         Ok(())
     }
 }

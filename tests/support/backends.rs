@@ -22,47 +22,66 @@ pub trait Service: Send + Sync {
     fn port(&self) -> u16;
     /// The `--url` that reaches the service through `port`.
     fn url_via(&self, port: u16) -> String;
+    /// Every server's port, for a service of several (Redlock); each gets a proxy.
+    fn ports(&self) -> Vec<u16> {
+        vec![self.port()]
+    }
     /// Options this backend needs besides `--url` (a table name, ...).
     fn options(&self) -> Vec<String> {
         Vec::new()
     }
 }
 
-/// A service behind a proxy.
+/// A service behind fault-injecting proxies (one per server).
 pub struct Backend {
     /// The service (kept alive as long as the backend).
     pub service: Box<dyn Service>,
-    /// The proxy lockrun talks to.
-    pub proxy: Proxy,
+    /// The proxies lockrun talks to, one per server.
+    pub proxies: Vec<Proxy>,
 }
 
 impl Backend {
-    /// Puts `service` behind a new proxy.
+    /// Puts each server of `service` behind a new proxy.
     pub fn new(service: impl Service + 'static) -> Backend {
-        let proxy = Proxy::start(service.port());
+        let proxies = service.ports().into_iter().map(Proxy::start).collect();
         Backend {
             service: Box::new(service),
-            proxy,
+            proxies,
         }
     }
 
-    /// The URL lockrun uses (through the proxy).
-    pub fn url(&self) -> String {
-        self.service.url_via(self.proxy.port())
+    /// `--url URL` for each server, through the proxies.
+    pub fn url_args(&self) -> Vec<String> {
+        self.proxies
+            .iter()
+            .flat_map(|p| ["--url".to_owned(), self.service.url_via(p.port())])
+            .collect()
+    }
+
+    /// Sets every proxy's mode.
+    pub fn set_mode(&self, mode: Mode) {
+        self.proxies.iter().for_each(|p| p.set_mode(mode));
+    }
+
+    /// Cuts every current connection of every proxy.
+    pub fn cut(&self) {
+        self.proxies.iter().for_each(Proxy::cut);
     }
 
     /// `lockrun run` against this backend with `opts` and `command`.
     pub fn run(&self, name: &str, opts: &[&str], command: &[&str]) -> Command {
-        let mut all: Vec<String> = self.service.options();
-        all.extend(opts.iter().map(|s| s.to_string()));
-        let all: Vec<&str> = all.iter().map(String::as_str).collect();
-        lockrun_run(&self.url(), name, &all, command)
+        let mut cmd = lockrun();
+        cmd.arg("run")
+            .args(self.url_args())
+            .args(self.service.options());
+        cmd.args(opts).arg(name).arg("--").args(command);
+        cmd
     }
 
-    /// `lockrun SUBCOMMAND --url URL [backend options] ARGS...` (status, release).
+    /// `lockrun SUBCOMMAND --url URL... [backend options] ARGS...` (status, release).
     pub fn admin(&self, subcommand: &str, args: &[&str]) -> Command {
         let mut cmd = lockrun();
-        cmd.arg(subcommand).arg("--url").arg(self.url());
+        cmd.arg(subcommand).args(self.url_args());
         cmd.args(self.service.options()).args(args);
         cmd
     }
@@ -82,6 +101,28 @@ impl Backend {
 impl Service for RedisServer {
     fn port(&self) -> u16 {
         RedisServer::port(self)
+    }
+    fn url_via(&self, port: u16) -> String {
+        format!("redis://127.0.0.1:{port}")
+    }
+}
+
+/// Redlock: three `redis-server`s of the test's own.
+pub struct Quorum(pub Vec<RedisServer>);
+
+impl Quorum {
+    /// Starts three servers.
+    pub fn start() -> Quorum {
+        Quorum((0..3).map(|_| RedisServer::start()).collect())
+    }
+}
+
+impl Service for Quorum {
+    fn port(&self) -> u16 {
+        self.0[0].port()
+    }
+    fn ports(&self) -> Vec<u16> {
+        self.0.iter().map(RedisServer::port).collect()
     }
     fn url_via(&self, port: u16) -> String {
         format!("redis://127.0.0.1:{port}")

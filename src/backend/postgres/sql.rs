@@ -1,0 +1,132 @@
+//! The SQL the PostgreSQL backend sends: one statement a step, with the table's name
+//! in it (a checked identifier, see `config::valid_table_name`), and the LISTEN/NOTIFY
+//! channel names. Pure text: no I/O here.
+
+/// Session settings, sent once per connection. `synchronous_commit`: an acquisition
+/// (and the sequence value it used) survives a server crash once it is answered,
+/// whatever the server's default. The timeouts bound what a statement abandoned by
+/// the caller's timeout can still hold on the server.
+pub(super) const SESSION: &str = "SET synchronous_commit = on; SET lock_timeout = '5s'; \
+                       SET statement_timeout = '10s'; SET idle_in_transaction_session_timeout = '10s'";
+
+/// The statements, with the table's name in them.
+pub(super) struct Sql {
+    pub(super) setup: String,
+    pub(super) acquire: String,
+    pub(super) extend: String,
+    pub(super) release: String,
+    pub(super) inspect: String,
+    pub(super) force: String,
+}
+
+/// Milliseconds since the epoch, and left until expiry, of row `r`.
+const MS_COLUMNS: &str = "(extract(epoch FROM r.since) * 1000)::bigint, \
+     greatest(0, extract(epoch FROM r.expires_at - now()) * 1000)::bigint";
+
+impl Sql {
+    pub(super) fn new(table: &str) -> Sql {
+        let seq = format!("{table}_fence");
+        let ms = MS_COLUMNS;
+        Sql {
+            // One simple query, so one implicit transaction: the advisory lock makes
+            // concurrent first runs create the table one after the other.
+            setup: format!(
+                "SELECT pg_advisory_xact_lock(1819239283, {key}); \
+                 CREATE TABLE IF NOT EXISTS {table} ( \
+                   name text PRIMARY KEY, token text NOT NULL, fence bigint NOT NULL, \
+                   host text NOT NULL, pid bigint NOT NULL, since timestamptz NOT NULL, \
+                   expires_at timestamptz NOT NULL); \
+                 CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint CACHE 1",
+                key = fnv1a(table.to_ascii_lowercase().as_bytes()) as i32
+            ),
+            // Takes the row if it is missing or expired, with a fencing token taken
+            // under the row lock; otherwise answers who holds it. The VALUES' nextval
+            // counts only for a name never seen before.
+            acquire: format!(
+                "WITH taken AS ( \
+                   INSERT INTO {table} AS r (name, token, fence, host, pid, since, expires_at) \
+                   VALUES ($1, $2, nextval('{seq}'), $3, $4, now(), now() + $5 * interval '1 millisecond') \
+                   ON CONFLICT (name) DO UPDATE SET token = excluded.token, \
+                     fence = nextval('{seq}'), host = excluded.host, pid = excluded.pid, \
+                     since = excluded.since, expires_at = excluded.expires_at \
+                   WHERE r.expires_at <= now() \
+                   RETURNING fence) \
+                 SELECT true, fence, '', 0::bigint, 0::bigint, 0::bigint FROM taken \
+                 UNION ALL \
+                 SELECT false, r.fence, r.host, r.pid, {ms} FROM {table} r \
+                 WHERE r.name = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
+            ),
+            // Renewal, and `--hold-at-least` at release: a new expiry for our lease.
+            extend: format!(
+                "UPDATE {table} SET expires_at = now() + $3 * interval '1 millisecond' \
+                 WHERE name = $1 AND token = $2 AND expires_at > now() RETURNING 1"
+            ),
+            release: format!(
+                "UPDATE {table} SET token = '', expires_at = now() \
+                 WHERE name = $1 AND token = $2 AND expires_at > now() \
+                 RETURNING pg_notify($3, '')::text"
+            ),
+            inspect: format!(
+                "SELECT r.fence, r.host, r.pid, {ms} FROM {table} r \
+                 WHERE r.name = $1 AND r.expires_at > now()"
+            ),
+            force: format!(
+                "UPDATE {table} AS l SET token = '', expires_at = now() FROM ( \
+                   SELECT * FROM {table} WHERE name = $1 AND expires_at > now() FOR UPDATE) r \
+                 WHERE l.name = r.name \
+                 RETURNING r.fence, r.host, r.pid, {ms}, pg_notify($2, '')::text"
+            ),
+        }
+    }
+}
+
+/// 64-bit FNV-1a: a hash that every lockrun version computes alike.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The LISTEN/NOTIFY channel of lock key `key` in `table`: a plain identifier far
+/// shorter than PostgreSQL's 63 bytes, whatever the name.
+pub(super) fn channel(table: &str, key: &str) -> String {
+    let text = format!("{}\0{key}", table.to_ascii_lowercase());
+    format!("lockrun_{:016x}", fnv1a(text.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channels_are_short_stable_identifiers() {
+        let c = channel("lockrun_locks", &format!("lockrun:{}", "x".repeat(200)));
+        assert!(c.len() <= 63 && c.starts_with("lockrun_"), "{c}");
+        assert!(c
+            .chars()
+            .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '_'));
+        assert_eq!(
+            c,
+            channel("LOCKRUN_LOCKS", &format!("lockrun:{}", "x".repeat(200)))
+        );
+        assert_ne!(c, channel("lockrun_locks", "lockrun:y"));
+        // FNV-1a test vectors: the hash must never change between versions.
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
+    fn statements_name_the_table_and_its_sequence() {
+        let sql = Sql::new("locks.leases");
+        assert!(sql
+            .setup
+            .contains("CREATE TABLE IF NOT EXISTS locks.leases ("));
+        assert!(sql
+            .setup
+            .contains("CREATE SEQUENCE IF NOT EXISTS locks.leases_fence"));
+        assert!(sql.acquire.contains("nextval('locks.leases_fence')"));
+        for s in [&sql.extend, &sql.release] {
+            assert!(s.contains("token = $2 AND expires_at > now()"), "{s}");
+        }
+    }
+}
