@@ -58,14 +58,14 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
             &[],
         );
     }
-    let req = AcquireRequest {
+    let mut req = AcquireRequest {
         token: crate::token::lock_token(),
         ttl: cfg.ttl,
         host: nix::unistd::gethostname()
             .map_or_else(|_| "unknown".into(), |h| h.to_string_lossy().into_owned()),
         pid: std::process::id(),
     };
-    let taken = match acquire(cfg, backend, &req, &mut signals).await {
+    let taken = match acquire(cfg, backend, &mut req, &mut signals).await {
         Ok(t) => t,
         Err(outcome) => return report(outcome),
     };
@@ -150,10 +150,12 @@ fn spawn_failed(cfg: &RunConfig, e: SpawnError) -> (Outcome, bool) {
 
 /// Tries to take the lock until it is ours, `--wait` runs out, or the backend fails
 /// for good. A signal meanwhile gives up (releasing whatever may have been taken).
+/// On success `req.token` is the token the lock is held with: an attempt that may have
+/// been applied unseen is given back and its token never used again.
 async fn acquire<B: Backend>(
     cfg: &RunConfig,
     backend: &B,
-    req: &AcquireRequest,
+    req: &mut AcquireRequest,
     signals: &mut Signals,
 ) -> Result<Taken, Outcome> {
     let name = cfg.name.as_str();
@@ -163,7 +165,7 @@ async fn acquire<B: Backend>(
     loop {
         let sent_at = Instant::now();
         let reply = tokio::select! {
-            r = tokio::time::timeout(request_timeout(cfg.ttl), backend.acquire(name, req)) => r,
+            r = tokio::time::timeout(request_timeout(cfg.ttl), backend.acquire(name, &*req)) => r,
             sig = signals.recv_forwardable() => {
                 abandon(cfg, backend, &req.token).await;
                 emit(Level::Error, "interrupted", &format!("interrupted by {sig} while acquiring; the command was not started"), &[]);
@@ -180,7 +182,6 @@ async fn acquire<B: Backend>(
                     });
                 }
                 // The answer came so late that most of the lease is gone.
-                abandon(cfg, backend, &req.token).await;
                 BackendError::Unavailable(format!(
                     "{} answered too slowly to use the lease",
                     cfg.backend.display
@@ -209,23 +210,22 @@ async fn acquire<B: Backend>(
                 continue;
             }
             Ok(Err(e)) => e,
-            Err(_elapsed) => {
-                // The request may have been applied: give back whatever we may hold.
-                abandon(cfg, backend, &req.token).await;
-                BackendError::Unavailable(format!(
-                    "the backend at {} did not answer within {}",
-                    cfg.backend.display,
-                    ms(request_timeout(cfg.ttl))
-                ))
-            }
+            Err(_elapsed) => BackendError::Unavailable(format!(
+                "the backend at {} did not answer within {}",
+                cfg.backend.display,
+                ms(request_timeout(cfg.ttl))
+            )),
         };
+        if error.is_transient() {
+            // The attempt may have been applied on the server with its answer lost or
+            // late: give back whatever it may have taken, and never use its token
+            // again. A release of the old token that arrives late (it may be stuck in
+            // the network too) then cannot remove a lock a later attempt takes.
+            abandon(cfg, backend, &req.token).await;
+            req.token = crate::token::lock_token();
+        }
         let retry_in = Duration::from_millis(100 + crate::token::random_u64() % 400);
         if !error.is_transient() || tokio::time::Instant::now() + retry_in >= give_up_at {
-            if error.is_transient() {
-                // The request may have been applied before the error (a reply lost to
-                // a cut connection): give back whatever we may hold.
-                abandon(cfg, backend, &req.token).await;
-            }
             return Err(fail(&format!("{error}; the command was not started")));
         }
         emit(

@@ -178,7 +178,10 @@ impl Drop for Postgres {
                 "-q",
                 "-c",
             ])
-            .arg(format!("DROP TABLE IF EXISTS {0}; DROP SEQUENCE IF EXISTS {0}_fence", self.table))
+            .arg(format!(
+                "DROP TABLE IF EXISTS {0}; DROP SEQUENCE IF EXISTS {0}_fence",
+                self.table
+            ))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();

@@ -204,6 +204,8 @@ pub struct RedisServer {
     dir: TempDir,
     password: Option<String>,
     tls: Option<TlsFiles>,
+    /// Extra environment of the server process (kept across restarts).
+    env: Vec<(String, String)>,
     child: Option<Child>,
     con: Mutex<Option<redis::Connection>>,
 }
@@ -225,7 +227,21 @@ impl RedisServer {
         Self::start_inner(None, Some(tls))
     }
 
+    /// Starts a server with extra environment variables (for instance `LD_PRELOAD` of
+    /// libfaketime, see [`FakeClock`]); a [`RedisServer::restart`] keeps them.
+    pub fn with_env(env: &[(String, String)]) -> Self {
+        Self::start_with(None, None, env.to_vec())
+    }
+
     fn start_inner(password: Option<String>, tls: Option<TlsFiles>) -> Self {
+        Self::start_with(password, tls, Vec::new())
+    }
+
+    fn start_with(
+        password: Option<String>,
+        tls: Option<TlsFiles>,
+        env: Vec<(String, String)>,
+    ) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("lockrun-redis-")
             .tempdir()
@@ -236,7 +252,13 @@ impl RedisServer {
             let port = free_port();
             let tls_port = tls.as_ref().map(|_| free_port());
             let tls_args = tls.as_ref().map(|t| t.server_args(tls_port.unwrap()));
-            match spawn_redis(port, dir.path(), password.as_deref(), tls_args.as_deref()) {
+            match spawn_redis(
+                port,
+                dir.path(),
+                password.as_deref(),
+                tls_args.as_deref(),
+                &env,
+            ) {
                 Ok(child) => {
                     return RedisServer {
                         port,
@@ -244,6 +266,7 @@ impl RedisServer {
                         dir,
                         password,
                         tls,
+                        env,
                         child: Some(child),
                         con: Mutex::new(None),
                     }
@@ -316,6 +339,7 @@ impl RedisServer {
                 self.dir.path(),
                 self.password.as_deref(),
                 tls_args.as_deref(),
+                &self.env,
             ) {
                 Ok(child) => {
                     self.child = Some(child);
@@ -419,6 +443,7 @@ fn spawn_redis(
     dir: &Path,
     password: Option<&str>,
     tls_args: Option<&[String]>,
+    env: &[(String, String)],
 ) -> Result<Child, String> {
     let log = dir.join(format!("redis-{port}.log"));
     let mut cmd = Command::new("redis-server");
@@ -438,6 +463,7 @@ fn spawn_redis(
     if let Some(args) = tls_args {
         cmd.args(args);
     }
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("spawn redis-server: {e}"))?;
@@ -995,4 +1021,114 @@ pub fn parse_token(s: &str) -> u128 {
         .unwrap_or_else(|_| panic!("fencing token {s:?} is not a decimal integer"));
     assert!(t > 0, "fencing token must be > 0, got {t}");
     t
+}
+
+// ---------------------------------------------------------------------------------------
+// Clocks
+// ---------------------------------------------------------------------------------------
+
+/// Time since boot on `CLOCK_BOOTTIME`, the clock lockrun measures leases with. It is one
+/// clock for every process of the machine, so instants taken by different processes (the
+/// test, a command's `perl -MTime::HiRes`) can be compared.
+pub fn boottime() -> Duration {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .expect("clock_gettime(CLOCK_BOOTTIME)");
+    Duration::from(ts)
+}
+
+/// A wall clock that a test can jump, for one `redis-server`: Debian's libfaketime
+/// (package `faketime`) preloaded with a timestamp file that is read on every clock call
+/// (`FAKETIME_NO_CACHE=1`), so the offset of a running server changes the moment the file
+/// does. Only the wall clock moves (`FAKETIME_DONT_FAKE_MONOTONIC=1`): key expiry and
+/// `TIME` follow it, as they would follow an NTP step.
+///
+/// Redis links jemalloc, which calls `clock_gettime` while libfaketime is still
+/// initialising (libfaketime issue #130: the server dies at start). glibc's
+/// `libc_malloc_debug.so.0`, preloaded first, makes the server use glibc's malloc.
+pub struct FakeClock {
+    dir: TempDir,
+    offset: Mutex<Duration>,
+    preload: String,
+}
+
+impl FakeClock {
+    /// A clock at offset zero; panics, naming the package, if libfaketime is missing.
+    pub fn new() -> Self {
+        let find = |names: &[&str]| -> Option<String> {
+            let dirs = [
+                "/usr/lib/x86_64-linux-gnu",
+                "/lib/x86_64-linux-gnu",
+                "/usr/lib64",
+            ];
+            let mut all: Vec<PathBuf> = dirs.iter().map(PathBuf::from).collect();
+            // Other architectures: /usr/lib/<triplet>/.
+            if let Ok(rd) = fs::read_dir("/usr/lib") {
+                all.extend(rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+            }
+            all.push(PathBuf::from("/usr/lib"));
+            all.iter()
+                .flat_map(|d| names.iter().map(move |n| d.join(n)))
+                .find(|p| p.exists())
+                .map(|p| p.to_string_lossy().into_owned())
+        };
+        let faketime = find(&["faketime/libfaketime.so.1"])
+            .expect("libfaketime not found: install Debian's package `faketime`");
+        let malloc = find(&["libc_malloc_debug.so.0"])
+            .expect("glibc's libc_malloc_debug.so.0 not found (glibc 2.34 or later)");
+        let dir = tempfile::Builder::new()
+            .prefix("lockrun-faketime-")
+            .tempdir()
+            .expect("create faketime dir");
+        let clock = FakeClock {
+            dir,
+            offset: Mutex::new(Duration::ZERO),
+            preload: format!("{malloc}:{faketime}"),
+        };
+        clock.write(Duration::ZERO);
+        clock
+    }
+
+    /// The environment that puts a process on this clock.
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("LD_PRELOAD".into(), self.preload.clone()),
+            (
+                "FAKETIME_TIMESTAMP_FILE".into(),
+                self.file().to_string_lossy().into_owned(),
+            ),
+            ("FAKETIME_NO_CACHE".into(), "1".into()),
+            ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+        ]
+    }
+
+    /// Moves the clock forward by `by` (at once, for every process on it); returns the
+    /// new offset from the real time.
+    pub fn jump_forward(&self, by: Duration) -> Duration {
+        let mut offset = self.offset.lock().unwrap();
+        *offset += by;
+        self.write(*offset);
+        *offset
+    }
+
+    /// The offset from the real time.
+    pub fn offset(&self) -> Duration {
+        *self.offset.lock().unwrap()
+    }
+
+    fn file(&self) -> PathBuf {
+        self.dir.path().join("timestamp")
+    }
+
+    fn write(&self, offset: Duration) {
+        // Written to a temporary file and renamed, so a reader never sees half a line.
+        let tmp = self.dir.path().join("timestamp.tmp");
+        fs::write(&tmp, format!("+{:.6}\n", offset.as_secs_f64())).expect("write timestamp");
+        fs::rename(&tmp, self.file()).expect("rename timestamp");
+    }
+}
+
+impl Default for FakeClock {
+    fn default() -> Self {
+        Self::new()
+    }
 }

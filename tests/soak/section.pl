@@ -1,0 +1,67 @@
+# The critical section of the soak: run by lockrun as `perl -e`, with the fencing token
+# in LOCKRUN_FENCING_TOKEN. It reports to the test's history listener (SOAK_HARNESS, a
+# TCP port) and writes to the fenced store (SOAK_STORE, a redis-server of its own, with
+# the compare-and-set script SOAK_SHA). Every instant is CLOCK_BOOTTIME in ns, the clock
+# the test and lockrun use. Lines sent:
+#   S <fencing token> <lockrun pid> <pid> <t>   started
+#   W <t> <1 accepted|0 rejected> <seq>         a store write, sent at t
+#   H <t>                                       still running at t (every 10 ms)
+#   C <pid>                                     started a child that outlives it
+#   E <t>                                       ended normally
+# The listener sees EOF when the last process holding the socket (this one or its child)
+# is gone: that is when the section's process group died.
+use strict;
+use warnings;
+use IO::Socket::INET;
+use Time::HiRes qw(clock_gettime CLOCK_BOOTTIME);
+
+sub now { sprintf("%.0f", clock_gettime(CLOCK_BOOTTIME) * 1e9) }
+my $t0 = now();
+my $tok = $ENV{LOCKRUN_FENCING_TOKEN};
+$SIG{TERM} = $ENV{SOAK_TERM} eq 'ignore' ? 'IGNORE' : 'DEFAULT';
+$SIG{__WARN__} = sub { };
+my $h = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$ENV{SOAK_HARNESS}", Proto => 'tcp')
+  or exit 90;
+sub report { syswrite($h, "$_[0]\n") }
+report("S $tok " . getppid() . " $$ $t0");
+my $st = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$ENV{SOAK_STORE}", Proto => 'tcp')
+  or exit 91;
+$st->autoflush(1);
+
+sub resp {
+  my $s = "*" . scalar(@_) . "\r\n";
+  $s .= "\$" . length($_) . "\r\n$_\r\n" for @_;
+  $s;
+}
+my $seq = 0;
+sub store_write {
+  my $t = now();
+  print $st resp("EVALSHA", $ENV{SOAK_SHA}, 2, "high", "log", $tok, "$tok $$ $seq $t");
+  my $line = <$st>;
+  exit 92 unless defined $line;
+  report("W $t " . ($line =~ /^:1/ ? 1 : 0) . " $seq");
+  $seq++;
+}
+
+if ($ENV{SOAK_CHILD}) {
+  my $pid = fork();
+  if (defined $pid && $pid == 0) {
+    # A leftover that outlives the section: lockrun must stop it before releasing.
+    $SIG{TERM} = 'DEFAULT';
+    close($st);
+    sleep 1 while 1;
+  }
+  report("C $pid") if $pid;
+}
+
+store_write();
+my $until = clock_gettime(CLOCK_BOOTTIME) + $ENV{SOAK_HOLD_MS} / 1000;
+my $i = 0;
+while (clock_gettime(CLOCK_BOOTTIME) < $until) {
+  select(undef, undef, undef, 0.01);
+  report("H " . now());
+  store_write() if ++$i % 8 == 0;
+}
+store_write();
+report("E " . now());
+exit 0;
