@@ -3,14 +3,18 @@
 //! A map of the crate, in the order a run flows through it:
 //!
 //! - [`cli`]: the command line as typed (clap). [`config`] checks it into a
-//!   [`config::RunConfig`]: the only configuration the rest of the code sees.
+//!   [`config::RunConfig`] (the backend URLs in `config/backend.rs`): the only
+//!   configuration the rest of the code sees.
 //! - [`backend`]: the [`backend::Backend`] trait (acquire, renew, release, inspect)
-//!   with typed results; [`backend::redis`] implements it with one Lua script a step.
-//! - [`run`]: the async driver. It acquires (waiting if asked), spawns the command
-//!   through [`supervisor`], then feeds timer ticks ([`clock`], on `CLOCK_BOOTTIME`),
-//!   renewal replies and child exits into the pure lease machine [`lease`], and carries
-//!   out what it decides: renew, send the kill signal, SIGKILL. When the command's
-//!   whole process group is gone, it releases the lock.
+//!   with typed results, and [`backend::AnyBackend`] choosing one: [`backend::redis`]
+//!   (one Lua script a step; also behind Sentinel), [`backend::redlock`] (a quorum of
+//!   Redis servers), [`backend::postgres`] (a lease row) and [`backend::etcd`] (a lease).
+//! - [`run`]: the async driver. It acquires (`run/acquire.rs`: waiting if asked),
+//!   spawns the command through [`supervisor`], then (`run/supervise.rs`) feeds timer
+//!   ticks ([`clock`], on `CLOCK_BOOTTIME`), renewal replies and child exits into the
+//!   pure lease machine [`lease`], and carries out what it decides: renew, send the
+//!   kill signal, SIGKILL. When the command's whole process group is gone, it releases
+//!   the lock.
 //! - [`supervisor`]: process group, parent-death signal, subreaper, signal forwarding
 //!   and the only `waitpid` in the program.
 //! - [`outcome`]: how a run ended and its exit status; [`metrics`]: the

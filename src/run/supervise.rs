@@ -1,0 +1,207 @@
+//! Supervising the command under the lease: the select loop that feeds the pure
+//! [`crate::lease`] machine with timer ticks, renewal answers and child exits, and
+//! carries out its decisions. Part of [`crate::run`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::time::error::Elapsed;
+
+use super::{request_timeout, Taken};
+use crate::backend::{AcquireRequest, Backend, BackendError};
+use crate::clock::{Instant, Timer};
+use crate::config::RunConfig;
+use crate::lease::{Event, GroupSignal, Machine, Params, StopReason};
+use crate::log::{emit, Level};
+use crate::outcome::Outcome;
+use crate::supervisor::{reap, ChildExit, Group, Received, Signals};
+
+type Renewal<'a> = Pin<Box<dyn Future<Output = Result<Result<(), BackendError>, Elapsed>> + 'a>>;
+
+/// Runs the command to its end (and the end of its whole group) under the lease.
+/// Returns the outcome and whether the lease is still ours to release.
+pub(super) async fn supervise<B: Backend>(
+    cfg: &RunConfig,
+    backend: &B,
+    req: &AcquireRequest,
+    signals: &mut Signals,
+    group: &Group,
+    taken: &Taken,
+    mut timer: Timer,
+) -> (Outcome, bool) {
+    let name = cfg.name.as_str();
+    let params = Params::new(cfg.ttl, cfg.renew_every, cfg.kill_after);
+    let mut machine = Machine::new(params, taken.sent_at, Instant::now(), cfg.max_runtime);
+    let mut renewal: Option<Renewal<'_>> = None;
+    // The SIGCHLD handler was installed before the spawn, so an early exit of the
+    // command is not missed: the first `signals.recv()` reports it.
+    let mut leader: Option<ChildExit> = None;
+    let mut failures = 0u32;
+    loop {
+        if leader.is_some() && group.is_empty() {
+            break;
+        }
+        let _ = timer.set(machine.next_wakeup());
+        let event = tokio::select! {
+            biased;
+            _ = timer.fired() => Some(Event::Tick),
+            r = async { renewal.as_mut().expect("guarded").await }, if renewal.is_some() => {
+                renewal = None;
+                Some(renewal_event(r, &mut failures, &cfg.backend.display))
+            }
+            received = signals.recv() => on_signal(received, group, &mut leader),
+            // While leftovers drain, look for an empty group now and then: the last
+            // one may have been a grandchild reaped by its own parent.
+            _ = tokio::time::sleep(Duration::from_millis(50)), if leader.is_some() => None,
+        };
+        let now = Instant::now();
+        let actions = machine.step(event.unwrap_or(Event::Tick), now);
+        if let Some(signal) = actions.signal {
+            carry_out(cfg, group, signal);
+        }
+        if !machine.holds_lease() {
+            renewal = None;
+        }
+        if actions.renew {
+            let timeout = request_timeout(cfg.ttl).min(machine.renew_timeout(now));
+            renewal = Some(Box::pin(tokio::time::timeout(
+                timeout,
+                backend.renew(name, &req.token, cfg.ttl),
+            )));
+        }
+    }
+    drop(renewal);
+    (outcome(&machine, leader), machine.holds_lease())
+}
+
+/// Turns a renewal's answer into an event for the machine.
+fn renewal_event(
+    answer: Result<Result<(), BackendError>, Elapsed>,
+    failures: &mut u32,
+    display: &str,
+) -> Event {
+    match answer {
+        Ok(Ok(())) => {
+            *failures = 0;
+            emit(Level::Debug, "renewed", "lease renewed", &[]);
+            Event::RenewOk
+        }
+        Ok(Err(BackendError::NotOwner)) => Event::RenewLost,
+        Ok(Err(e)) => renew_failed(failures, &e.to_string()),
+        Err(_) => renew_failed(
+            failures,
+            &format!("the backend at {display} did not answer in time"),
+        ),
+    }
+}
+
+/// Handles a signal lockrun received: reaps on SIGCHLD (reporting the command's exit
+/// while its group lives on), forwards the others to the group.
+fn on_signal(received: Received, group: &Group, leader: &mut Option<ChildExit>) -> Option<Event> {
+    match received {
+        Received::Child => match (*leader, reap(group.leader())) {
+            (None, Some(exit)) => {
+                *leader = Some(exit);
+                log_exit(exit);
+                (!group.is_empty()).then_some(Event::CommandExited)
+            }
+            _ => None,
+        },
+        Received::Forward(sig) => {
+            let msg = format!("forwarding {sig} to the command");
+            emit(
+                Level::Info,
+                "forwarded",
+                &msg,
+                &[("signal", sig.as_str().into())],
+            );
+            group.signal(sig);
+            None
+        }
+    }
+}
+
+/// How the run ended, once the whole group is gone.
+fn outcome(machine: &Machine, leader: Option<ChildExit>) -> Outcome {
+    match (machine.stop_reason(), leader) {
+        (
+            Some(r @ (StopReason::LeaseLost | StopReason::LeaseExpiring | StopReason::MaxRuntime)),
+            _,
+        ) => {
+            let (event, outcome) = if r.is_loss() {
+                ("lost", Outcome::LockLost)
+            } else {
+                ("max_runtime", Outcome::MaxRuntime)
+            };
+            let msg = format!("stopped the command: {}", r.describe());
+            emit(Level::Error, event, &msg, &[("reason", r.code().into())]);
+            outcome
+        }
+        (_, Some(ChildExit::Code(c))) => Outcome::Exited(c),
+        (_, Some(ChildExit::Signal(s))) => Outcome::Signaled(s),
+        // The loop only ends once the leader was reaped.
+        (_, None) => Outcome::LockLost,
+    }
+}
+
+fn renew_failed(failures: &mut u32, why: &str) -> Event {
+    *failures += 1;
+    let level = if *failures == 1 {
+        Level::Warn
+    } else {
+        Level::Debug
+    };
+    emit(
+        level,
+        "renew_failed",
+        &format!("could not renew the lease: {why}; retrying"),
+        &[("failures", (*failures).into())],
+    );
+    Event::RenewFailed
+}
+
+fn carry_out(cfg: &RunConfig, group: &Group, signal: GroupSignal) {
+    let (sig, reason) = match signal {
+        GroupSignal::Stop(r) => (cfg.kill_signal, r),
+        GroupSignal::Kill(r) => (nix::sys::signal::Signal::SIGKILL, r),
+    };
+    let level = if reason == StopReason::Leftovers {
+        Level::Info
+    } else {
+        Level::Warn
+    };
+    emit(
+        level,
+        "killing",
+        &format!(
+            "sending {sig} to the command's process group: {}",
+            reason.describe()
+        ),
+        &[
+            ("signal", sig.as_str().into()),
+            ("reason", reason.code().into()),
+        ],
+    );
+    group.signal(sig);
+    if sig != nix::sys::signal::Signal::SIGKILL {
+        // A stopped process would not act on the kill signal until continued (as
+        // timeout(1) and systemd do, wake it so it can exit cleanly).
+        group.signal(nix::sys::signal::Signal::SIGCONT);
+    }
+}
+
+fn log_exit(exit: ChildExit) {
+    let (msg, field) = match exit {
+        ChildExit::Code(c) => (
+            format!("the command exited with status {c}"),
+            ("exit_code", Value::from(c)),
+        ),
+        ChildExit::Signal(s) => (
+            format!("the command was killed by signal {s}"),
+            ("signal", Value::from(s)),
+        ),
+    };
+    emit(Level::Info, "exited", &msg, &[field]);
+}
