@@ -448,7 +448,7 @@ fn as_pid_1_lockrun_reaps_orphans_and_exits_with_the_command_status() {
         exit 4
     "#;
     let mut cmd = std::process::Command::new("unshare");
-    cmd.args(["--pid", "--fork", "--mount-proc", LOCKRUN])
+    cmd.args(["--pid", "--fork", "--mount-proc", &lockrun_binary()])
         .args(["--url", &redis.url(), "job", "--", "sh", "-c", script])
         .env("ZOMBIES", s.path("zombies"))
         .env("PIDFILE", s.path("pid"))
@@ -563,7 +563,7 @@ fn as_pid_1_lockrun_forwards_sigterm() {
     let s = Scratch::new();
     let reaper = Reaper::default();
     let mut cmd = std::process::Command::new("unshare");
-    cmd.args(["--pid", "--fork", "--mount-proc", LOCKRUN])
+    cmd.args(["--pid", "--fork", "--mount-proc", &lockrun_binary()])
         .args([
             "--url",
             &redis.url(),

@@ -31,8 +31,13 @@ pub const WAIT: Duration = Duration::from_secs(20);
 /// How often waiting loops look at their condition.
 pub const POLL: Duration = Duration::from_millis(5);
 
-/// The lockrun binary under test.
-pub const LOCKRUN: &str = env!("CARGO_BIN_EXE_lockrun");
+/// The lockrun binary under test: this build's, unless `LOCKRUN_TEST_BINARY` points
+/// the suite at another build of the same sources (such as the static release binary
+/// that the packages ship).
+pub fn lockrun_binary() -> String {
+    std::env::var("LOCKRUN_TEST_BINARY")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_lockrun").to_owned())
+}
 
 // ---------------------------------------------------------------------------------------
 // Waiting and processes
@@ -796,7 +801,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, replies: bool, shared: Arc<Proxy
 /// `lockrun` with no `LOCKRUN_*` variable inherited from the developer's environment and
 /// stdin from /dev/null.
 pub fn lockrun() -> Command {
-    let mut cmd = Command::new(LOCKRUN);
+    let mut cmd = Command::new(lockrun_binary());
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("LOCKRUN_") {
             cmd.env_remove(key);
