@@ -45,11 +45,9 @@ use etcd_client::{
     Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 
-use super::{Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
+use super::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::config::{BackendConfig, EtcdTarget};
 
-/// The longest a waiter watches without asking again, in case a deletion was missed.
-const MAX_WAIT_SLICE: Duration = Duration::from_secs(2);
 /// How long to try a TCP connection to one member before calling it unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -477,13 +475,8 @@ impl Backend for EtcdBackend {
         max: Duration,
     ) -> Result<(), BackendError> {
         // The lease expires in under ttl_left + 1s (etcd rounds down); the expiry is a
-        // deletion too, so the watch sees it. Capped, with jitter so that waiters that
-        // time out together do not ask together.
-        let jitter = Duration::from_millis(crate::token::random_u64() % 50);
-        let slice = (busy.ttl_left + Duration::from_secs(1))
-            .min(MAX_WAIT_SLICE)
-            .saturating_add(jitter)
-            .min(max);
+        // deletion too, so the watch sees it.
+        let slice = wait_slice(busy.ttl_left + Duration::from_secs(1), max);
         let deadline = tokio::time::Instant::now() + slice;
         let after = self.state().busy_revision;
         let watched = self.watch_deletion(&self.key(name), after, deadline).await;

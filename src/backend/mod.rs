@@ -16,6 +16,22 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+/// The longest a waiter sleeps without asking the backend again, in case a wake-up
+/// was lost (a connection cut, a woken waiter that died before taking the lock).
+pub const MAX_WAIT_SLICE: Duration = Duration::from_secs(2);
+
+/// How long a waiter sleeps before trying again: until the busy lease would expire
+/// (`expires_in`: a crashed holder never sends a wake-up), at most
+/// [`MAX_WAIT_SLICE`] and `max`, plus up to 50 ms of jitter so that waiters that time
+/// out together do not ask together.
+pub fn wait_slice(expires_in: Duration, max: Duration) -> Duration {
+    let jitter = Duration::from_millis(crate::token::random_u64() % 50);
+    expires_in
+        .min(MAX_WAIT_SLICE)
+        .saturating_add(jitter)
+        .min(max)
+}
+
 /// Why a backend call did not give an answer about the lock.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum BackendError {
@@ -206,5 +222,22 @@ impl Backend for AnyBackend {
 
     async fn stop_waiting(&self, name: &str) -> Result<(), BackendError> {
         dispatch!(self, b => b.stop_waiting(name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_slices_end_at_the_expiry_the_cap_or_the_wait_left() {
+        let ms = Duration::from_millis;
+        for _ in 0..100 {
+            let s = wait_slice(ms(300), Duration::from_secs(60));
+            assert!(s >= ms(300) && s < ms(350), "{s:?}");
+            let s = wait_slice(Duration::from_secs(30), Duration::from_secs(60));
+            assert!(s >= MAX_WAIT_SLICE && s < MAX_WAIT_SLICE + ms(50), "{s:?}");
+            assert_eq!(wait_slice(Duration::from_secs(30), ms(100)), ms(100));
+        }
     }
 }

@@ -39,12 +39,9 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Row};
 
-use super::{Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
+use super::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::config::{BackendConfig, PostgresTarget};
 use sql::{channel, Sql, SESSION};
-
-/// The longest a waiter sleeps without asking again, in case a wake-up was lost.
-const MAX_WAIT_SLICE: Duration = Duration::from_secs(2);
 
 /// The longest a polite close may take before the connection is just dropped.
 const CLOSE_TIME: Duration = Duration::from_millis(200);
@@ -473,13 +470,7 @@ impl Backend for PostgresBackend {
         busy: &Holder,
         max: Duration,
     ) -> Result<(), BackendError> {
-        // Sleep until the holder's lease would expire (a crashed holder never sends a
-        // wake-up), capped in case a wake-up was lost, with jitter so waiters that
-        // time out together do not ask together.
-        let jitter = Duration::from_millis(crate::token::random_u64() % 50);
-        let slice = (busy.ttl_left + jitter)
-            .min(MAX_WAIT_SLICE + jitter)
-            .min(max);
+        let slice = wait_slice(busy.ttl_left, max);
         let (taken, generation) = {
             let mut state = self.state();
             let taken = if state.listening {

@@ -26,17 +26,14 @@ use redis::{
 };
 use tokio::sync::mpsc;
 
-use super::{Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
+use super::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::config::{BackendConfig, RedisTarget, Sentinels};
 
 const SCRIPTS: &str = include_str!("redis_scripts.lua");
 
 /// How long a waiter's heartbeat lasts; a waiter re-checks (and so renews it) at least
-/// every [`MAX_WAIT_SLICE`].
+/// every [`super::MAX_WAIT_SLICE`].
 const WAITER_ALIVE: Duration = Duration::from_secs(6);
-/// The longest a waiter sleeps without asking the server again, in case a wake-up was
-/// lost (connection cut, the woken waiter died before taking the lock).
-const MAX_WAIT_SLICE: Duration = Duration::from_secs(2);
 
 /// The text of script `name` (the wake helper prepended where needed).
 fn script(name: &str) -> &'static str {
@@ -535,13 +532,8 @@ impl Backend for RedisBackend {
         busy: &Holder,
         max: Duration,
     ) -> Result<(), BackendError> {
-        // Sleep until the holder's lease would expire (a crashed holder never sends a
-        // wake-up), capped so the heartbeat stays fresh, with jitter so waiters that
-        // time out together do not ask together.
-        let jitter = Duration::from_millis(crate::token::random_u64() % 50);
-        let slice = (busy.ttl_left + jitter)
-            .min(MAX_WAIT_SLICE + jitter)
-            .min(max);
+        // The cap also keeps this waiter's heartbeat fresh (it is renewed by each try).
+        let slice = wait_slice(busy.ttl_left, max);
         let taken = self.state().pushes.take();
         let Some(mut pushes) = taken else {
             tokio::time::sleep(slice).await;
