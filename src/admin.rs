@@ -1,6 +1,6 @@
 //! `lockrun status` and `lockrun release --force`: look at a lock, or break it.
 
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde_json::json;
 
@@ -21,7 +21,7 @@ pub async fn status<B: Backend>(backend: &B, name: &str, as_json: bool) -> u8 {
         (Some(h), true) => json!({
             "name": name, "held": true, "fencing_token": h.fencing_token,
             "ttl_ms": h.ttl_left.as_millis() as u64, "host": h.host, "pid": h.pid,
-            "since": since(h), "since_ms": h.since_ms,
+            "since": h.since(), "since_ms": h.since_ms,
         })
         .to_string(),
         (None, true) => json!({
@@ -75,17 +75,13 @@ fn error(msg: &str) -> u8 {
     125
 }
 
-fn since(h: &Holder) -> String {
-    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(h.since_ms)).to_string()
-}
-
 fn describe(h: &Holder) -> String {
     format!(
         "{} pid {} since {}, fencing token {}, {} left",
         h.host,
         h.pid,
-        since(h),
+        h.since(),
         h.fencing_token,
-        humantime::format_duration(Duration::from_millis(h.ttl_left.as_millis() as u64))
+        crate::run::ms(h.ttl_left)
     )
 }

@@ -206,7 +206,8 @@ async fn release<B: Backend>(cfg: &RunConfig, backend: &B, token: &str, held: Du
     }
 }
 
-fn ms(d: Duration) -> String {
+/// A duration rounded to milliseconds, for messages (`1s 484ms`).
+pub(crate) fn ms(d: Duration) -> String {
     humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
 }
 

@@ -72,6 +72,14 @@ pub struct Holder {
     pub ttl_left: Duration,
 }
 
+impl Holder {
+    /// The acquisition time as RFC 3339 (seconds, UTC), for messages.
+    pub fn since(&self) -> String {
+        let at = std::time::UNIX_EPOCH + Duration::from_millis(self.since_ms);
+        humantime::format_rfc3339_seconds(at).to_string()
+    }
+}
+
 /// What lockrun asks for when acquiring.
 #[derive(Clone, Debug)]
 pub struct AcquireRequest {

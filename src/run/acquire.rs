@@ -115,9 +115,7 @@ pub(super) async fn abandon<B: Backend>(cfg: &RunConfig, backend: &B, token: &st
 }
 
 fn busy(cfg: &RunConfig, holder: &Holder, waited: Duration) -> Outcome {
-    let since = humantime::format_rfc3339_seconds(
-        std::time::UNIX_EPOCH + Duration::from_millis(holder.since_ms),
-    );
+    let since = holder.since();
     emit(
         Level::Warn,
         "busy",
