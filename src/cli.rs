@@ -44,21 +44,20 @@ pub enum Command {
     Release(ReleaseArgs),
 }
 
-/// Where the lock lives.
-#[derive(Debug, Args)]
+/// Where the lock lives. The `--url` help is built from the table of backends
+/// ([`crate::backend::KINDS`]), so it lists exactly the schemes that are accepted; a
+/// backend's own options are flattened in from its module.
+#[derive(Clone, Debug, Args)]
 pub struct BackendArgs {
-    /// Backend URL: redis://[user:pass@]host:port[/db] (rediss:// for TLS),
-    /// postgres://[user[:pass]@]host[:port]/db[?sslmode=...], etcd://host:port[,host:port...].
-    /// Give 3 or 5 redis:// URLs (repeated --url, or comma-separated in LOCKRUN_URL) for a
-    /// Redlock quorum over independent servers. Prefer LOCKRUN_URL for URLs with a
-    /// password: argv is visible in `ps`.
     #[arg(
         long,
         env = "LOCKRUN_URL",
         default_value = "redis://127.0.0.1:6379",
         hide_env_values = true,
-        action = clap::ArgAction::Append
+        action = clap::ArgAction::Append,
+        help = crate::backend::url_help()
     )]
+    /// The backend URL(s); the help text comes from the table of backends.
     pub url: Vec<String>,
 
     /// Read the backend password from this file (the first line; overrides the URL's).
@@ -75,14 +74,9 @@ pub struct BackendArgs {
     )]
     pub key_prefix: String,
 
-    /// PostgreSQL only: the lease table (TABLE or SCHEMA.TABLE), created if missing.
-    #[arg(
-        long,
-        env = "LOCKRUN_PG_TABLE",
-        default_value = "lockrun_locks",
-        value_name = "TABLE"
-    )]
-    pub pg_table: String,
+    /// PostgreSQL's options.
+    #[command(flatten)]
+    pub postgres: crate::backend::postgres::PgArgs,
 }
 
 /// Logging on stderr.

@@ -12,9 +12,7 @@ use thiserror::Error;
 
 mod backend;
 
-pub use backend::{
-    BackendConfig, EtcdTarget, PostgresTarget, RedisTarget, Sentinels, Target, TlsFiles,
-};
+pub use backend::BackendConfig;
 
 use crate::cli::RunArgs;
 
@@ -42,13 +40,17 @@ pub enum ConfigError {
     #[error("unknown signal {0:?} for --kill-signal: use a name such as TERM, INT, HUP, QUIT, USR1, KILL, or a number")]
     BadSignal(String),
     /// The URL's scheme is not a backend this build knows.
-    #[error(
-        "unsupported backend URL scheme {0:?}: use redis://, rediss://, postgres:// or etcd://"
-    )]
+    #[error("unsupported backend URL scheme {0:?}: use {list}", list = crate::backend::scheme_list())]
     BadScheme(String),
     /// The URL could not be parsed (the URL itself is not shown: it may hold a password).
-    #[error("the backend URL is not valid: expected redis://[user:password@]host:port[/db]")]
-    BadUrl,
+    #[error("the backend URL is not valid: expected {expected}")]
+    BadUrl {
+        /// The form the URL's backend expects.
+        expected: &'static str,
+    },
+    /// A backend refused its URL or options for a reason of its own, in one line.
+    #[error("{0}")]
+    Backend(String),
     /// A TLS file named in the environment could not be read.
     #[error("cannot read {var} ({path}): {reason}")]
     TlsFile {
@@ -62,21 +64,6 @@ pub enum ConfigError {
     /// Only one half of a client certificate was given.
     #[error("LOCKRUN_TLS_CERT and LOCKRUN_TLS_KEY go together: set both or neither")]
     TlsHalfPair,
-    /// The PostgreSQL URL could not be parsed.
-    #[error("the PostgreSQL URL is not valid: expected postgres://[user[:password]@]host[:port]/database[?sslmode=...]")]
-    BadPostgresUrl,
-    /// The table name is not a plain SQL identifier.
-    #[error("invalid --pg-table {0:?}: use NAME or SCHEMA.NAME of letters, digits and _")]
-    BadTable(String),
-    /// The Sentinel URL could not be parsed.
-    #[error("the Sentinel URL is not valid: expected redis+sentinel://[user:password@]host:port[,host:port...]/MASTER[/db]")]
-    BadSentinelUrl,
-    /// The etcd URL could not be parsed.
-    #[error("the etcd URL is not valid: expected etcd://host:port[,host:port...]")]
-    BadEtcdUrl,
-    /// A password was given for etcd without a user.
-    #[error("etcd authentication needs a user: etcd://USER@host:port with the password in LOCKRUN_PASSWORD")]
-    EtcdPasswordWithoutUser,
     /// Several URLs that are not all Redis, or too few for a quorum.
     #[error("several --url values make a Redlock quorum: give 3 or more (3 or 5 advised) redis:// or rediss:// URLs of independent servers")]
     BadQuorum,

@@ -5,16 +5,27 @@
 //! are never folded into a bool: "held by someone else" ([`Acquire::Busy`]), "not
 //! yours any more" ([`BackendError::NotOwner`]) and "cannot tell right now"
 //! ([`BackendError::Unavailable`]) lead to different exit statuses and actions.
-//! One file per backend; [`AnyBackend`] picks one from the configuration.
+//! One module per backend, which owns everything about itself: its URL schemes and
+//! their parser, its options, its connection ([`conn::Slot`]) and its requests. The
+//! rest of the program knows backends only through the table in `table.rs` ([`KINDS`]:
+//! the `--url` help and the unknown-scheme message are built from it) and through
+//! [`AnyBackend`]. Adding a backend is a new module and one line in that table.
 
+pub mod conn;
 pub mod etcd;
 pub mod postgres;
 pub mod redis;
-pub mod redlock;
+pub mod table;
+pub mod tls;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use thiserror::Error;
+
+use crate::config::BackendConfig;
+pub use table::{parse_urls, scheme_list, url_help, Kind, Target, UrlContext, KINDS};
 
 /// The longest a waiter sleeps without asking the backend again, in case a wake-up
 /// was lost (a connection cut, a woken waiter that died before taking the lock).
@@ -150,73 +161,93 @@ pub trait Backend {
     async fn stop_waiting(&self, name: &str) -> Result<(), BackendError>;
 }
 
-/// The backend named by the configuration's URL.
-pub enum AnyBackend {
-    /// One Redis server (boxed, like etcd: their clients are large).
-    Redis(Box<redis::RedisBackend>),
-    /// A lease table in PostgreSQL.
-    Postgres(postgres::PostgresBackend),
-    /// An etcd lease.
-    Etcd(Box<etcd::EtcdBackend>),
-    /// A Redlock quorum of Redis servers.
-    Redlock(redlock::RedlockBackend),
-}
+/// A backend as the rest of the program holds it: any [`Backend`], behind one pointer.
+/// Each backend module makes one from its checked [`Target`]; nothing outside
+/// `backend/` names a backend type.
+pub struct AnyBackend(Box<dyn DynBackend>);
 
 impl AnyBackend {
+    /// Wraps `backend`.
+    pub fn new<B: Backend + 'static>(backend: B) -> AnyBackend {
+        AnyBackend(Box::new(backend))
+    }
+
     /// Opens (lazily: nothing is connected yet) the backend `config` names;
     /// `waiting` says the caller may wait for a busy lock (`--wait`).
-    pub fn open(config: &crate::config::BackendConfig, waiting: bool) -> AnyBackend {
-        use crate::config::Target;
-        match &config.target {
-            Target::Redis(t) => AnyBackend::Redis(Box::new(redis::RedisBackend::new(
-                t.clone(),
-                config,
-                waiting,
-            ))),
-            Target::Postgres(t) => {
-                AnyBackend::Postgres(postgres::PostgresBackend::new(t.clone(), config, waiting))
-            }
-            Target::Etcd(t) => {
-                AnyBackend::Etcd(Box::new(etcd::EtcdBackend::new(t.clone(), config, waiting)))
-            }
-            Target::Redlock(nodes) => {
-                AnyBackend::Redlock(redlock::RedlockBackend::new(nodes.clone(), config, waiting))
-            }
-        }
+    pub fn open(config: &BackendConfig, waiting: bool) -> AnyBackend {
+        config.target.open(config, waiting)
     }
 }
 
-/// Forwards a call to whichever backend this is.
-macro_rules! dispatch {
-    ($self:ident, $b:ident => $call:expr) => {
-        match $self {
-            AnyBackend::Redis($b) => $call.await,
-            AnyBackend::Postgres($b) => $call.await,
-            AnyBackend::Etcd($b) => $call.await,
-            AnyBackend::Redlock($b) => $call.await,
-        }
-    };
+/// A call of [`DynBackend`]: a boxed future, so that [`Backend`] (whose `async fn`s
+/// cannot be called through a pointer) can be.
+type Call<'a, T> = Pin<Box<dyn Future<Output = Result<T, BackendError>> + 'a>>;
+
+/// [`Backend`] with boxed futures: what [`AnyBackend`] holds. One allocation per call,
+/// a few per run.
+trait DynBackend {
+    fn acquire<'a>(&'a self, name: &'a str, req: &'a AcquireRequest) -> Call<'a, Acquire>;
+    fn renew<'a>(&'a self, name: &'a str, token: &'a str, ttl: Duration) -> Call<'a, ()>;
+    fn release<'a>(&'a self, name: &'a str, token: &'a str, how: Release) -> Call<'a, ()>;
+    fn inspect<'a>(&'a self, name: &'a str) -> Call<'a, Option<Holder>>;
+    fn force_release<'a>(&'a self, name: &'a str) -> Call<'a, Option<Holder>>;
+    fn wait_for_release<'a>(
+        &'a self,
+        name: &'a str,
+        busy: &'a Holder,
+        max: Duration,
+    ) -> Call<'a, ()>;
+    fn stop_waiting<'a>(&'a self, name: &'a str) -> Call<'a, ()>;
+}
+
+impl<B: Backend> DynBackend for B {
+    fn acquire<'a>(&'a self, name: &'a str, req: &'a AcquireRequest) -> Call<'a, Acquire> {
+        Box::pin(Backend::acquire(self, name, req))
+    }
+    fn renew<'a>(&'a self, name: &'a str, token: &'a str, ttl: Duration) -> Call<'a, ()> {
+        Box::pin(Backend::renew(self, name, token, ttl))
+    }
+    fn release<'a>(&'a self, name: &'a str, token: &'a str, how: Release) -> Call<'a, ()> {
+        Box::pin(Backend::release(self, name, token, how))
+    }
+    fn inspect<'a>(&'a self, name: &'a str) -> Call<'a, Option<Holder>> {
+        Box::pin(Backend::inspect(self, name))
+    }
+    fn force_release<'a>(&'a self, name: &'a str) -> Call<'a, Option<Holder>> {
+        Box::pin(Backend::force_release(self, name))
+    }
+    fn wait_for_release<'a>(
+        &'a self,
+        name: &'a str,
+        busy: &'a Holder,
+        max: Duration,
+    ) -> Call<'a, ()> {
+        Box::pin(Backend::wait_for_release(self, name, busy, max))
+    }
+    fn stop_waiting<'a>(&'a self, name: &'a str) -> Call<'a, ()> {
+        Box::pin(Backend::stop_waiting(self, name))
+    }
 }
 
 impl Backend for AnyBackend {
     async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
-        dispatch!(self, b => b.acquire(name, req))
+        self.0.acquire(name, req).await
     }
 
     async fn renew(&self, name: &str, token: &str, ttl: Duration) -> Result<(), BackendError> {
-        dispatch!(self, b => b.renew(name, token, ttl))
+        self.0.renew(name, token, ttl).await
     }
 
     async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
-        dispatch!(self, b => b.release(name, token, how))
+        self.0.release(name, token, how).await
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<Holder>, BackendError> {
-        dispatch!(self, b => b.inspect(name))
+        self.0.inspect(name).await
     }
 
     async fn force_release(&self, name: &str) -> Result<Option<Holder>, BackendError> {
-        dispatch!(self, b => b.force_release(name))
+        self.0.force_release(name).await
     }
 
     async fn wait_for_release(
@@ -225,11 +256,11 @@ impl Backend for AnyBackend {
         busy: &Holder,
         max: Duration,
     ) -> Result<(), BackendError> {
-        dispatch!(self, b => b.wait_for_release(name, busy, max))
+        self.0.wait_for_release(name, busy, max).await
     }
 
     async fn stop_waiting(&self, name: &str) -> Result<(), BackendError> {
-        dispatch!(self, b => b.stop_waiting(name))
+        self.0.stop_waiting(name).await
     }
 }
 

@@ -21,15 +21,20 @@
 //! release NOTIFYs it in the same statement, so the wake-up is sent exactly when the
 //! release commits. Wake-ups ride on the connection, which a spawned task drives.
 //!
-//! The connection is made lazily and dropped after any error or abandoned call (the
-//! caller's timeout), so a hung or cut connection is replaced on the next call.
+//! The connection lives in a [`crate::backend::conn::Slot`]: made lazily, dropped after
+//! any error or abandoned call (the caller's timeout), made anew on the next call.
+//!
+//! Files: `target.rs` (the URL and `--pg-table`), `sql.rs` (the statements),
+//! `errors.rs` (error lines), `tls.rs` (rustls for `sslmode`).
 
 mod errors;
 mod sql;
+mod target;
 mod tls;
 
 use std::future::poll_fn;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -37,11 +42,13 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Row};
+use tokio_postgres::{AsyncMessage, Client, Connection as PgConnection, NoTls, Row};
 
-use super::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
-use crate::config::{BackendConfig, PostgresTarget};
+use crate::backend::conn::{Connection, InUse, Slot};
+use crate::backend::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
+use crate::config::BackendConfig;
 use sql::{channel, Sql, SESSION};
+pub use target::{PgArgs, PostgresTarget, KIND};
 
 /// The longest a polite close may take before the connection is just dropped.
 const CLOSE_TIME: Duration = Duration::from_millis(200);
@@ -54,20 +61,25 @@ pub struct PostgresBackend {
     key_prefix: String,
     sql: Box<Sql>,
     waiting: bool,
-    state: Mutex<ConnState>,
+    slot: Slot<PgConn>,
 }
 
-/// The connection and what rides on it; replaced as a whole after any failure.
-#[derive(Default)]
-struct ConnState {
-    client: Option<Arc<Client>>,
+/// A connection and what rides on it; replaced as a whole after any failure.
+struct PgConn {
+    client: Client,
     /// The task that drives the connection; aborting it closes the socket.
-    driver: Option<JoinHandle<()>>,
-    /// Wake-ups from NOTIFY (at most one pending: one is as good as many).
-    wakeups: Option<mpsc::Receiver<()>>,
-    listening: bool,
-    /// Counts connections, so that a late failure of an old one never drops a new one.
-    generation: u64,
+    driver: JoinHandle<()>,
+    /// Wake-ups from NOTIFY (at most one pending: one is as good as many). Taken by
+    /// the waiter for the duration of a wait and put back.
+    wakeups: Mutex<Option<mpsc::Receiver<()>>>,
+    /// Whether this connection LISTENs on the lock's channel.
+    listening: AtomicBool,
+}
+
+impl Connection for PgConn {
+    fn discard(&self) {
+        self.driver.abort();
+    }
 }
 
 type Params<'a> = [(&'a (dyn ToSql + Sync), Type)];
@@ -92,26 +104,7 @@ impl PostgresBackend {
             display: config.display.clone(),
             key_prefix: config.key_prefix.clone(),
             waiting,
-            state: Mutex::new(ConnState::default()),
-        }
-    }
-
-    /// The connection state; the lock is never held across an await.
-    fn state(&self) -> MutexGuard<'_, ConnState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Forgets connection `generation` (if it is still the current one) and closes it.
-    fn reset(&self, generation: u64) {
-        let mut state = self.state();
-        if state.generation == generation {
-            if let Some(driver) = state.driver.take() {
-                driver.abort();
-            }
-            *state = ConnState {
-                generation,
-                ..ConnState::default()
-            };
+            slot: Slot::default(),
         }
     }
 
@@ -119,32 +112,29 @@ impl PostgresBackend {
     /// close_notify) once the client is gone, so the server logs no "connection reset".
     /// Called after a run's last request; a later call would simply reconnect.
     async fn close(&self) {
-        let (client, driver) = {
-            let mut state = self.state();
-            let taken = (state.client.take(), state.driver.take());
-            *state = ConnState {
-                generation: state.generation,
-                ..ConnState::default()
-            };
-            taken
+        let Some(conn) = self.slot.take() else {
+            return;
         };
-        drop(client);
-        if let Some(driver) = driver {
-            let abort = driver.abort_handle();
-            if tokio::time::timeout(CLOSE_TIME, driver).await.is_err() {
-                abort.abort();
+        match std::sync::Arc::try_unwrap(conn) {
+            Ok(PgConn { client, driver, .. }) => {
+                drop(client);
+                let abort = driver.abort_handle();
+                if tokio::time::timeout(CLOSE_TIME, driver).await.is_err() {
+                    abort.abort();
+                }
             }
+            // Still in use by an abandoned call: just close the socket.
+            Err(shared) => shared.discard(),
         }
     }
 
-    /// The client and its generation, connecting if needed.
-    async fn connection(&self) -> Result<(Arc<Client>, u64), BackendError> {
-        {
-            let state = self.state();
-            if let Some(c) = &state.client {
-                return Ok((c.clone(), state.generation));
-            }
-        }
+    /// The connection for one call, made if needed.
+    async fn conn(&self) -> Result<InUse<'_, PgConn>, BackendError> {
+        self.slot.get(|_| self.connect()).await
+    }
+
+    /// Connects, starts the task that drives the socket, and sets up the session.
+    async fn connect(&self) -> Result<PgConn, BackendError> {
         let mut config = self.target.config.clone();
         if config.get_application_name().is_none() {
             config.application_name("lockrun");
@@ -160,28 +150,26 @@ impl PostgresBackend {
             let (client, conn) = config.connect(NoTls).await.map_err(|e| self.error(&e))?;
             (client, tokio::spawn(drive(conn, wake)))
         };
-        let client = Arc::new(client);
-        let generation = {
-            let mut state = self.state();
-            if let Some(old) = state.driver.take() {
-                old.abort();
-            }
-            let generation = state.generation + 1;
-            *state = ConnState {
-                client: Some(client.clone()),
-                driver: Some(driver),
-                wakeups: Some(wakeups),
-                listening: false,
-                generation,
-            };
-            generation
+        let conn = PgConn {
+            client,
+            driver,
+            wakeups: Mutex::new(Some(wakeups)),
+            listening: AtomicBool::new(false),
         };
-        let guard = ResetOnDrop::new(self, generation);
-        match client.batch_execute(SESSION).await {
-            Ok(()) => guard.defuse(),
-            Err(e) => return Err(self.error(&e)),
+        match conn.client.batch_execute(SESSION).await {
+            Ok(()) => Ok(conn),
+            Err(e) => {
+                conn.discard();
+                Err(self.error(&e))
+            }
         }
-        Ok((client, generation))
+    }
+
+    /// True if the current connection LISTENs.
+    fn listening(&self) -> bool {
+        self.slot
+            .current()
+            .is_some_and(|(c, _)| c.listening.load(Ordering::Relaxed))
     }
 
     /// Runs `sql` (one round trip, no prepared statement to go stale). A missing table
@@ -195,24 +183,22 @@ impl PostgresBackend {
     ) -> Result<Vec<Row>, BackendError> {
         let mut created = false;
         loop {
-            let (client, generation) = self.connection().await?;
-            let guard = ResetOnDrop::new(self, generation);
-            let reply = client.query_typed(sql, params).await;
-            match reply {
+            let c = self.conn().await?;
+            match c.client.query_typed(sql, params).await {
                 Ok(rows) => {
-                    guard.defuse();
+                    c.keep();
                     return Ok(rows);
                 }
                 Err(e) if !created && e.code() == Some(&SqlState::UNDEFINED_TABLE) => {
                     if missing == Missing::NoRows {
-                        guard.defuse();
+                        c.keep();
                         return Ok(Vec::new());
                     }
-                    self.create_table(&client).await?;
-                    guard.defuse();
+                    let made = self.create_table(&c.client).await;
+                    c.settle(made)?;
                     created = true;
                 }
-                Err(e) => return Err(self.error(&e)),
+                Err(e) => return c.settle(Err(self.error(&e))),
             }
         }
     }
@@ -249,21 +235,17 @@ impl PostgresBackend {
 
     /// LISTENs on `name`'s channel, once per connection.
     async fn listen(&self, name: &str) -> Result<(), BackendError> {
-        let (client, generation) = self.connection().await?;
-        if self.state().listening {
+        let c = self.conn().await?;
+        if c.listening.load(Ordering::Relaxed) {
+            c.keep();
             return Ok(());
         }
-        let guard = ResetOnDrop::new(self, generation);
         let channel = channel(&self.target.table, &self.key(name));
-        match client.batch_execute(&format!("LISTEN {channel}")).await {
-            Ok(()) => guard.defuse(),
-            Err(e) => return Err(self.error(&e)),
+        let reply = c.client.batch_execute(&format!("LISTEN {channel}")).await;
+        if reply.is_ok() {
+            c.listening.store(true, Ordering::Relaxed);
         }
-        let mut state = self.state();
-        if state.generation == generation {
-            state.listening = true;
-        }
-        Ok(())
+        c.settle(reply.map_err(|e| self.error(&e)))
     }
 
     fn key(&self, name: &str) -> String {
@@ -294,9 +276,11 @@ impl PostgresBackend {
                 .await?;
             if let Some(row) = rows.first() {
                 return match row.try_get::<_, bool>(0) {
-                    Ok(true) => Ok(Acquire::Acquired {
-                        fencing_token: self.number(row, 1)?,
-                    }),
+                    // A sequence starts at 1: a token of 0 is not our table's.
+                    Ok(true) => match self.number(row, 1)? {
+                        0 => Err(self.unexpected()),
+                        fencing_token => Ok(Acquire::Acquired { fencing_token }),
+                    },
                     Ok(false) => Ok(Acquire::Busy(self.holder(row, 1)?)),
                     Err(_) => Err(self.unexpected()),
                 };
@@ -339,18 +323,10 @@ impl PostgresBackend {
     }
 }
 
-impl Drop for PostgresBackend {
-    fn drop(&mut self) {
-        if let Some(driver) = self.state().driver.take() {
-            driver.abort();
-        }
-    }
-}
-
 /// Drives connection `conn` (it does the socket I/O for every request) and passes
 /// on notifications; ends, closing the socket, when the connection fails or the
 /// client is gone, or when aborted.
-async fn drive<S, T>(mut conn: Connection<S, T>, wake: mpsc::Sender<()>)
+async fn drive<S, T>(mut conn: PgConnection<S, T>, wake: mpsc::Sender<()>)
 where
     S: AsyncRead + AsyncWrite + Unpin,
     T: AsyncRead + AsyncWrite + Unpin,
@@ -362,37 +338,6 @@ where
     }
 }
 
-/// Forgets the backend's connection if dropped before [`ResetOnDrop::defuse`]: armed
-/// around each request, so a call abandoned by the caller's timeout (or failed) leaves
-/// no half-used connection behind.
-struct ResetOnDrop<'a> {
-    backend: &'a PostgresBackend,
-    generation: u64,
-    armed: bool,
-}
-
-impl<'a> ResetOnDrop<'a> {
-    fn new(backend: &'a PostgresBackend, generation: u64) -> Self {
-        ResetOnDrop {
-            backend,
-            generation,
-            armed: true,
-        }
-    }
-
-    fn defuse(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for ResetOnDrop<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.backend.reset(self.generation);
-        }
-    }
-}
-
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis().max(1)).unwrap_or(i64::MAX)
 }
@@ -400,7 +345,7 @@ fn millis(d: Duration) -> i64 {
 impl Backend for PostgresBackend {
     async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
         let first = self.try_acquire(name, req).await?;
-        if !self.waiting || matches!(first, Acquire::Acquired { .. }) || self.state().listening {
+        if !self.waiting || matches!(first, Acquire::Acquired { .. }) || self.listening() {
             return Ok(first);
         }
         // Busy, and about to wait: LISTEN, then try once more, so a release between the
@@ -471,27 +416,27 @@ impl Backend for PostgresBackend {
         max: Duration,
     ) -> Result<(), BackendError> {
         let slice = wait_slice(busy.ttl_left, max);
-        let (taken, generation) = {
-            let mut state = self.state();
-            let taken = if state.listening {
-                state.wakeups.take()
-            } else {
-                None
-            };
-            (taken, state.generation)
-        };
-        let Some(mut wakeups) = taken else {
+        let current = self.slot.current();
+        let taken = current.as_ref().and_then(|(c, generation)| {
+            if !c.listening.load(Ordering::Relaxed) {
+                return None;
+            }
+            let wakeups = c
+                .wakeups
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            wakeups.map(|w| (c, *generation, w))
+        });
+        let Some((conn, generation, mut wakeups)) = taken else {
             tokio::time::sleep(slice).await;
             return Ok(());
         };
         match tokio::time::timeout(slice, wakeups.recv()).await {
             // The connection is gone: the next call reconnects and listens again.
-            Ok(None) => self.reset(generation),
+            Ok(None) => self.slot.reset(generation),
             Ok(Some(())) | Err(_) => {
-                let mut state = self.state();
-                if state.generation == generation && state.client.is_some() {
-                    state.wakeups = Some(wakeups);
-                }
+                *conn.wakeups.lock().unwrap_or_else(PoisonError::into_inner) = Some(wakeups);
             }
         }
         Ok(())

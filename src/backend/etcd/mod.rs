@@ -36,6 +36,9 @@
 //! call it is dropped and the next call uses the next member; a call whose connection
 //! could not even be made is tried on the next member at once.
 
+mod errors;
+mod target;
+
 use std::future::Future;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -45,8 +48,11 @@ use etcd_client::{
     Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 
-use super::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
-use crate::config::{BackendConfig, EtcdTarget};
+use crate::backend::conn::{Connection, Slot};
+use crate::backend::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
+use crate::config::BackendConfig;
+use errors::{describe, is_lease_not_found, never_sent};
+pub use target::{EtcdTarget, KIND};
 
 /// How long to try a TCP connection to one member before calling it unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -55,16 +61,20 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct EtcdBackend {
     target: EtcdTarget,
     key_prefix: String,
-    state: Mutex<State>,
+    /// The client of one member. The slot's generation, modulo the number of members,
+    /// is the member in use: each forgotten connection moves on to the next one.
+    slot: Slot<EtcdConn>,
+    local: Mutex<Local>,
 }
 
-/// The connection and our lease; never locked across an await.
+/// A client connected to one member.
+struct EtcdConn(Client);
+
+impl Connection for EtcdConn {}
+
+/// What this lockrun remembers between calls; never locked across an await.
 #[derive(Default)]
-struct State {
-    client: Option<Client>,
-    /// Which member to use (modulo their number); grows by one at each reset, so it
-    /// also tells whether the client a failed call used is still the current one.
-    member: usize,
+struct Local {
     /// Our lease from the moment we ask for it until it is revoked or given up.
     lease: Option<OurLease>,
     /// The revision of the last read that found the lock busy (a watch starts after it).
@@ -80,54 +90,40 @@ struct OurLease {
 }
 
 impl EtcdBackend {
-    /// A backend for `target`. Waiting needs nothing up front (a watch is opened per
-    /// wait), so `_waiting` is not used.
-    pub fn new(target: EtcdTarget, config: &BackendConfig, _waiting: bool) -> EtcdBackend {
+    /// A backend for `target`.
+    pub fn new(target: EtcdTarget, config: &BackendConfig) -> EtcdBackend {
         EtcdBackend {
             target,
             key_prefix: config.key_prefix.clone(),
-            state: Mutex::new(State::default()),
+            slot: Slot::default(),
+            local: Mutex::new(Local::default()),
         }
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn local(&self) -> MutexGuard<'_, Local> {
+        self.local.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn key(&self, name: &str) -> String {
         format!("{}{name}", self.key_prefix)
     }
 
-    /// Member number `member` as `host:port` (never a password: those are kept apart).
-    fn member_name(&self, member: usize) -> String {
-        let eps = &self.target.endpoints;
-        let ep = &eps[member % eps.len().max(1)];
-        ep.strip_prefix("http://").unwrap_or(ep).to_owned()
+    /// Member number `member` (modulo their number) as `host:port`.
+    fn member_name(&self, member: u64) -> &str {
+        let members = &self.target.members;
+        let n = members.len().max(1) as u64;
+        members
+            .get((member % n) as usize)
+            .map_or("", String::as_str)
     }
 
     /// The member in use, as `host:port`.
-    fn member(&self) -> String {
-        self.member_name(self.state().member)
+    fn member(&self) -> &str {
+        self.member_name(self.slot.generation())
     }
 
-    /// Forgets the client of `member` if it is still the current one; the next call
-    /// connects to the next member. (Two calls that fail together move on only once.)
-    fn reset(&self, member: usize) {
-        let mut state = self.state();
-        if state.member == member {
-            state.client = None;
-            state.member = member.wrapping_add(1);
-        }
-    }
-
-    /// The client of `member`, made if needed (with credentials, this authenticates).
-    async fn client(&self, member: usize) -> Result<Client, etcd_client::Error> {
-        {
-            let state = self.state();
-            if let (Some(c), true) = (&state.client, state.member == member) {
-                return Ok(c.clone());
-            }
-        }
+    /// Connects to member `member` (with credentials, this authenticates).
+    async fn connect(&self, member: u64) -> Result<EtcdConn, (etcd_client::Error, u64)> {
         let endpoint = format!("http://{}", self.member_name(member));
         // `require_leader`: a member cut off from the others answers "no leader" instead
         // of serving a stale watch or a keep-alive it cannot forward.
@@ -140,12 +136,10 @@ impl EtcdBackend {
                 .with_user(user.as_str(), password.as_str())
                 .with_auto_token_refresh(true);
         }
-        let client = Client::connect([endpoint], Some(options)).await?;
-        let mut state = self.state();
-        if state.member == member {
-            state.client = Some(client.clone());
-        }
-        Ok(client)
+        Client::connect([endpoint], Some(options))
+            .await
+            .map(EtcdConn)
+            .map_err(|e| (e, member))
     }
 
     /// Runs `op` on the client. Any failure drops the client; so does abandoning the
@@ -156,22 +150,20 @@ impl EtcdBackend {
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let mut tries = self.target.endpoints.len().max(1);
+        let mut tries = self.target.members.len().max(1);
         loop {
-            let member = self.state().member;
-            let guard = ResetOnDrop(self, member);
-            let reply = match self.client(member).await {
-                Ok(client) => op(client).await,
-                Err(e) => Err(e),
+            let attempt = async {
+                let c = self.slot.get(|member| self.connect(member)).await?;
+                let member = c.generation();
+                let reply = op(c.0.clone()).await;
+                c.settle(reply).map_err(|e| (e, member))
             };
-            std::mem::forget(guard);
-            match reply {
+            match attempt.await {
                 Ok(v) => return Ok(v),
-                Err(e) => {
-                    self.reset(member);
+                Err((e, member)) => {
                     tries -= 1;
                     if tries == 0 || !never_sent(&e) {
-                        return Err(error(&e, &self.member_name(member)));
+                        return Err(describe(&e, self.member_name(member)));
                     }
                 }
             }
@@ -193,7 +185,7 @@ impl EtcdBackend {
 
     /// Our lease for `token`, if we have one.
     fn our_lease(&self, token: &str) -> Option<OurLease> {
-        self.state().lease.clone().filter(|l| l.token == token)
+        self.local().lease.clone().filter(|l| l.token == token)
     }
 
     /// The holder stored in `kv`, with the time left on its lease.
@@ -221,12 +213,12 @@ impl EtcdBackend {
     /// Revokes a lease left from an earlier try that failed part-way (its transaction
     /// may have been applied: a new try would find the lock "busy" with ourselves).
     async fn drop_stale_lease(&self) -> Result<(), BackendError> {
-        let stale = self.state().lease.clone();
+        let stale = self.local().lease.clone();
         if let Some(old) = stale {
             self.revoke(old.id).await?;
-            let mut state = self.state();
-            if state.lease.as_ref().is_some_and(|l| l.id == old.id) {
-                state.lease = None;
+            let mut local = self.local();
+            if local.lease.as_ref().is_some_and(|l| l.id == old.id) {
+                local.lease = None;
             }
         }
         Ok(())
@@ -306,16 +298,6 @@ impl EtcdBackend {
     }
 }
 
-/// Forgets the backend's client if dropped: armed around each call and defused
-/// (forgotten) when the call completes.
-struct ResetOnDrop<'a>(&'a EtcdBackend, usize);
-
-impl Drop for ResetOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.reset(self.1);
-    }
-}
-
 impl Backend for EtcdBackend {
     async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
         self.drop_stale_lease().await?;
@@ -326,7 +308,7 @@ impl Backend for EtcdBackend {
             value: holder_value(req),
         };
         // Recorded before asking: an abandoned acquire is cleaned up by `release`.
-        self.state().lease = Some(ours.clone());
+        self.local().lease = Some(ours.clone());
         let (id, ttl) = (ours.id, ttl_secs(req.ttl));
         let granted = self
             .call(|mut c| async move {
@@ -357,19 +339,27 @@ impl Backend for EtcdBackend {
             .await?;
         let revision = reply.header().map_or(0, |h| h.revision());
         if reply.succeeded() {
-            // The put's revision is the key's create_revision: the fencing token.
-            return Ok(Acquire::Acquired {
-                fencing_token: u64::try_from(revision).unwrap_or(0),
-            });
+            // The put's revision is the key's create_revision: the fencing token. An
+            // answer without one cannot be handed to the command as a token: give the
+            // lock back and refuse.
+            if let Some(fencing_token) = u64::try_from(revision).ok().filter(|r| *r > 0) {
+                return Ok(Acquire::Acquired { fencing_token });
+            }
+            let _ = self.revoke(id).await;
+            self.local().lease = None;
+            return Err(BackendError::Refused(format!(
+                "etcd at {} took the lock without telling its revision (the fencing token)",
+                self.member()
+            )));
         }
         let kv = reply.op_responses().into_iter().find_map(|r| match r {
             TxnOpResponse::Get(g) => g.kvs().first().cloned(),
             _ => None,
         });
         {
-            let mut state = self.state();
-            state.busy_revision = revision;
-            state.lease = None;
+            let mut local = self.local();
+            local.busy_revision = revision;
+            local.lease = None;
         }
         let holder = async {
             match &kv {
@@ -412,7 +402,7 @@ impl Backend for EtcdBackend {
         let Some(ours) = self.our_lease(token) else {
             return Err(BackendError::NotOwner);
         };
-        self.state().lease = None;
+        self.local().lease = None;
         match how {
             // Revoking deletes the key only if it is attached to our lease: a lock
             // that is someone else's by now is on another lease and stays.
@@ -478,7 +468,7 @@ impl Backend for EtcdBackend {
         // deletion too, so the watch sees it.
         let slice = wait_slice(busy.ttl_left + Duration::from_secs(1), max);
         let deadline = tokio::time::Instant::now() + slice;
-        let after = self.state().busy_revision;
+        let after = self.local().busy_revision;
         let watched = self.watch_deletion(&self.key(name), after, deadline).await;
         if watched.is_err() {
             // Not a busy loop against a failing server: sit out the slice.
@@ -531,121 +521,6 @@ fn holder_from(value: &[u8], create_revision: i64, ttl: i64) -> Holder {
     }
 }
 
-/// gRPC status codes (numbers fixed by the gRPC protocol).
-mod code {
-    pub const INVALID_ARGUMENT: i32 = 3;
-    pub const PERMISSION_DENIED: i32 = 7;
-    pub const FAILED_PRECONDITION: i32 = 9;
-    pub const OUT_OF_RANGE: i32 = 11;
-    pub const UNIMPLEMENTED: i32 = 12;
-    pub const UNAUTHENTICATED: i32 = 16;
-}
-
-/// Translates a client error into one line naming the member as `host:port` only.
-fn error(e: &etcd_client::Error, at: &str) -> BackendError {
-    use etcd_client::Error as E;
-    match e {
-        E::GRpcStatus(s) => status_error(s.code() as i32, s.message(), io_reason(s), at),
-        E::TransportError(t) => BackendError::Unavailable(format!(
-            "cannot reach etcd at {at}: {}",
-            io_reason(t).unwrap_or_else(|| "transport error".into())
-        )),
-        E::InvalidArgs(_) | E::InvalidUri(_) | E::InvalidMetadataValue(_) => {
-            BackendError::Refused(format!("etcd at {at} cannot be used: {e}"))
-        }
-        other => BackendError::Unavailable(format!("etcd at {at} failed: {other}")),
-    }
-}
-
-/// Classifies a gRPC status by its code and etcd's message.
-fn status_error(code: i32, message: &str, io: Option<String>, at: &str) -> BackendError {
-    let msg = message.trim().trim_start_matches("etcdserver: ");
-    let refused = |what: String| BackendError::Refused(format!("etcd at {at} {what}"));
-    match code {
-        code::INVALID_ARGUMENT if msg.contains("authentication failed") => {
-            refused("refused authentication: check the user and password".into())
-        }
-        code::FAILED_PRECONDITION if msg.contains("authentication is not enabled") => {
-            refused("has authentication disabled: remove the user from the URL".into())
-        }
-        code::UNAUTHENTICATED | code::PERMISSION_DENIED => refused(format!(
-            "denied access ({msg}): check the user and its role's permissions on the key prefix"
-        )),
-        // Our random lease ID was taken (odds 2^-63): the next try draws another.
-        // Something that speaks HTTP/2 but is not etcd (a proxy, another service).
-        _ if msg.contains("grpc-status header missing") => refused(format!(
-            "did not answer as etcd does ({msg}): check the host and port"
-        )),
-        code::FAILED_PRECONDITION if msg.contains("lease already exists") => {
-            BackendError::Unavailable(format!("etcd at {at}: {msg}"))
-        }
-        code::INVALID_ARGUMENT
-        | code::FAILED_PRECONDITION
-        | code::OUT_OF_RANGE
-        | code::UNIMPLEMENTED => refused(format!("rejected a request: {msg}")),
-        _ => BackendError::Unavailable(match io {
-            Some(reason) => format!("cannot reach etcd at {at}: {reason}"),
-            None => format!("etcd at {at} is not available: {msg}"),
-        }),
-    }
-}
-
-/// The operating-system reason somewhere in an error's chain, in a few words.
-fn io_reason(top: &(dyn std::error::Error + 'static)) -> Option<String> {
-    use std::io::ErrorKind as K;
-    let mut timed_out = false;
-    let mut cur = Some(top);
-    while let Some(e) = cur {
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            return Some(match io.kind() {
-                K::ConnectionRefused => "connection refused".into(),
-                K::TimedOut => "timed out".into(),
-                K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof => {
-                    "connection closed".into()
-                }
-                _ => io.to_string(),
-            });
-        }
-        let text = e.to_string();
-        timed_out |= text.contains("timed out") || text.contains("timeout");
-        cur = e.source();
-    }
-    timed_out.then(|| "timed out".into())
-}
-
-/// True when the request cannot have reached the member: its connection was never
-/// made. Such a call is safe to send to another member.
-fn never_sent(e: &etcd_client::Error) -> bool {
-    let top: &(dyn std::error::Error + 'static) = match e {
-        etcd_client::Error::GRpcStatus(s) => s,
-        etcd_client::Error::TransportError(t) => t,
-        _ => return false,
-    };
-    let mut cur = Some(top);
-    while let Some(e) = cur {
-        if e.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
-        {
-            return true;
-        }
-        let text = e.to_string();
-        if text.contains("tcp connect error") || text.contains("dns error") {
-            return true;
-        }
-        cur = e.source();
-    }
-    false
-}
-
-/// True for etcd's answer that a lease does not exist (expired or revoked).
-fn is_lease_not_found(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("lease not found"),
-        etcd_client::Error::GRpcStatus(s) => s.message().contains("requested lease not found"),
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -684,42 +559,5 @@ mod tests {
         let foreign = holder_from(b"not json", 5, -1);
         assert_eq!((foreign.host.as_str(), foreign.pid), ("", 0));
         assert_eq!(foreign.ttl_left, Duration::ZERO);
-    }
-
-    #[test]
-    fn statuses_are_classified_by_code_and_message() {
-        let refused = |code, msg| {
-            matches!(
-                status_error(code, msg, None, "h:1"),
-                BackendError::Refused(_)
-            )
-        };
-        let auth = "etcdserver: authentication failed, invalid user ID or password";
-        assert!(refused(code::INVALID_ARGUMENT, auth));
-        assert!(refused(
-            code::PERMISSION_DENIED,
-            "etcdserver: permission denied"
-        ));
-        assert!(refused(
-            code::UNIMPLEMENTED,
-            "grpc-status header missing, mapped from HTTP status code 404"
-        ));
-        assert!(!refused(14, "etcdserver: no leader"));
-        assert!(!refused(
-            code::FAILED_PRECONDITION,
-            "etcdserver: lease already exists"
-        ));
-        let e = status_error(
-            14,
-            "transport error",
-            Some("connection refused".into()),
-            "h:1",
-        );
-        assert_eq!(
-            e,
-            BackendError::Unavailable("cannot reach etcd at h:1: connection refused".into())
-        );
-        let e = status_error(code::INVALID_ARGUMENT, auth, None, "h:1").to_string();
-        assert!(e.starts_with("etcd at h:1 refused authentication"), "{e}");
     }
 }

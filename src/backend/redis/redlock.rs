@@ -18,31 +18,70 @@
 //! protects the downstream store: see the README.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::{join_all, select_all};
 
-use super::redis::RedisBackend;
-use super::{Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
-use crate::config::{BackendConfig, RedisTarget};
+use super::target::{self, RedisTarget};
+use super::RedisBackend;
+use crate::backend::{
+    Acquire, AcquireRequest, AnyBackend, Backend, BackendError, Holder, Release, Target, UrlContext,
+};
+use crate::config::{BackendConfig, ConfigError};
+
+/// The fewest servers a quorum may have: with fewer, one failure stops every lock.
+pub const MIN_NODES: usize = 3;
+
+/// Several `redis://` URLs, checked: at least [`MIN_NODES`] independent servers.
+#[derive(Clone, Debug)]
+pub struct RedlockTarget {
+    nodes: Vec<RedisTarget>,
+}
+
+/// Checks several URLs into a quorum: every one a plain `redis://` or `rediss://`
+/// server (not Sentinel), and at least [`MIN_NODES`] of them.
+pub fn parse(urls: &[String], ctx: &UrlContext<'_>) -> Result<Arc<dyn Target>, ConfigError> {
+    let is_redis = |u: &String| u.starts_with("redis://") || u.starts_with("rediss://");
+    if urls.len() < MIN_NODES || !urls.iter().all(is_redis) {
+        return Err(ConfigError::BadQuorum);
+    }
+    let nodes = urls
+        .iter()
+        .map(|u| target::parse(u, ctx))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Arc::new(RedlockTarget { nodes }))
+}
+
+impl Target for RedlockTarget {
+    fn display(&self) -> String {
+        let shown: Vec<String> = self.nodes.iter().map(|n| n.display()).collect();
+        shown.join(",")
+    }
+
+    fn open(&self, config: &BackendConfig, waiting: bool) -> AnyBackend {
+        AnyBackend::new(RedlockBackend::new(self, config, waiting))
+    }
+}
 
 /// A lock backend over a quorum of independent Redis servers.
 pub struct RedlockBackend {
+    /// At least [`MIN_NODES`] (a [`RedlockTarget`] cannot have fewer).
     nodes: Vec<RedisBackend>,
 }
 
 impl RedlockBackend {
-    /// A backend over `targets` (at least 3).
-    pub fn new(targets: Vec<RedisTarget>, config: &BackendConfig, waiting: bool) -> RedlockBackend {
-        let nodes = targets
-            .into_iter()
+    /// A backend over the servers of `target`.
+    pub fn new(target: &RedlockTarget, config: &BackendConfig, waiting: bool) -> RedlockBackend {
+        let nodes = target
+            .nodes
+            .iter()
             .map(|t| {
-                let display = t.info.addr().to_string();
                 let node_config = BackendConfig {
-                    display,
+                    display: t.display(),
                     ..config.clone()
                 };
-                RedisBackend::new(t, &node_config, waiting)
+                RedisBackend::new(t.clone(), &node_config, waiting)
             })
             .collect();
         RedlockBackend { nodes }
@@ -242,10 +281,16 @@ impl Backend for RedlockBackend {
     ) -> Result<(), BackendError> {
         // A release wakes this waiter on every server that queued it: the first
         // wake-up (or the first timer) is enough.
-        let waits = self
+        let waits: Vec<_> = self
             .nodes
             .iter()
-            .map(|n| Box::pin(n.wait_for_release(name, busy, max)));
+            .map(|n| Box::pin(n.wait_for_release(name, busy, max)))
+            .collect();
+        if waits.is_empty() {
+            // Cannot happen (a quorum has servers), but `select_all` must not see it.
+            tokio::time::sleep(crate::backend::wait_slice(busy.ttl_left, max)).await;
+            return Ok(());
+        }
         let (first, _, _) = select_all(waits).await;
         first
     }
@@ -261,6 +306,30 @@ impl Backend for RedlockBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::table::testing::{args, ctx};
+
+    #[test]
+    fn a_quorum_needs_three_plain_redis_servers() {
+        let a = args(&[]);
+        let urls = |u: &[&str]| u.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let t = parse(
+            &urls(&["redis://a:1", "redis://b:2", "rediss://c:3"]),
+            &ctx(&a, None),
+        )
+        .unwrap();
+        assert_eq!(t.display(), "a:1,b:2,c:3");
+        for bad in [
+            urls(&["redis://a:1", "redis://b:2"]),
+            urls(&["redis://a:1", "redis://b:2", "etcd://c:3"]),
+            urls(&["redis://a:1", "redis://b:2", "redis+sentinel://c:3/m"]),
+        ] {
+            assert_eq!(
+                parse(&bad, &ctx(&a, None)).unwrap_err(),
+                ConfigError::BadQuorum,
+                "{bad:?}"
+            );
+        }
+    }
 
     #[test]
     fn per_server_timeouts_stay_far_below_the_ttl() {

@@ -1,0 +1,115 @@
+//! One connection to a Redis server, as the backend's [`Slot`] holds it: the
+//! multiplexed client, and, for `--wait`, the RESP3 push channel that wake-ups arrive
+//! on. Part of [`super`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, PushInfo, Value};
+use tokio::sync::mpsc;
+
+use super::errors::describe;
+use super::target::RedisTarget;
+use crate::backend::conn::{Connection, Slot};
+use crate::backend::BackendError;
+
+/// A connection and what rides on it; replaced as a whole after any failure.
+pub struct RedisConn {
+    /// The client; cheap to clone (one socket, multiplexed).
+    pub conn: MultiplexedConnection,
+    /// Set when waiting: wake-ups (RESP3 pushes) arrive here. Taken by the waiter for
+    /// the duration of a wait and put back.
+    pub pushes: Mutex<Option<mpsc::UnboundedReceiver<PushInfo>>>,
+    /// Whether this connection has subscribed to the waiter's wake-up channel.
+    pub subscribed: AtomicBool,
+}
+
+impl Connection for RedisConn {}
+
+impl RedisConn {
+    /// True once this connection has subscribed.
+    pub fn is_subscribed(&self) -> bool {
+        self.subscribed.load(Ordering::Relaxed)
+    }
+}
+
+/// The connection slot of one Redis server.
+pub type RedisSlot = Slot<RedisConn>;
+
+/// Connects to `target` (asking the Sentinels first if it is behind Sentinel).
+/// `notifications` asks for RESP3 with a push channel (`--wait`, Redis 6 or later).
+/// `at` is the server as `host:port`, for messages.
+pub async fn connect(
+    target: &RedisTarget,
+    notifications: bool,
+    at: &str,
+) -> Result<RedisConn, BackendError> {
+    let mut settings = target.info.redis_settings().clone().set_skip_set_lib_name();
+    let mut conn_config = AsyncConnectionConfig::new()
+        .set_connection_timeout(None)
+        .set_response_timeout(None);
+    let mut pushes = None;
+    if notifications {
+        settings = settings.set_protocol(redis::ProtocolVersion::RESP3);
+        let (tx, rx) = mpsc::unbounded_channel();
+        conn_config = conn_config.set_push_sender(tx);
+        pushes = Some(rx);
+    }
+    let info = match &target.sentinel {
+        None => target.info.clone(),
+        Some(sentinels) => sentinels.master_address().await?,
+    }
+    .set_redis_settings(settings);
+    let client = match &target.tls {
+        None => redis::Client::open(info),
+        Some(tls) => {
+            // rustls needs a process-wide crypto provider; ring is the one built in.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let certs = redis::TlsCertificates {
+                client_tls: tls
+                    .client
+                    .as_ref()
+                    .map(|(cert, key)| redis::ClientTlsConfig {
+                        client_cert: cert.clone(),
+                        client_key: key.clone(),
+                    }),
+                root_cert: tls.ca.clone(),
+            };
+            redis::Client::build_with_tls(info, certs)
+        }
+    }
+    .map_err(|e| describe(&e, at))?;
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&conn_config)
+        .await
+        .map_err(|e| describe(&e, at))?;
+    if target.sentinel.is_some() {
+        insist_on_master(&mut conn, at).await?;
+    }
+    Ok(RedisConn {
+        conn,
+        pushes: Mutex::new(pushes),
+        subscribed: AtomicBool::new(false),
+    })
+}
+
+/// During a failover the Sentinels may still name the old master, now a replica:
+/// writing the lock there would be lost. Insist on a master.
+async fn insist_on_master(conn: &mut MultiplexedConnection, at: &str) -> Result<(), BackendError> {
+    let role: Value = redis::cmd("ROLE")
+        .query_async(conn)
+        .await
+        .map_err(|e| describe(&e, at))?;
+    let is_master = matches!(&role, Value::Array(a) if matches!(
+        a.first(),
+        Some(Value::BulkString(b)) if b == b"master"
+    ) || matches!(a.first(), Some(Value::SimpleString(s)) if s == "master"));
+    if is_master {
+        Ok(())
+    } else {
+        Err(BackendError::Unavailable(format!(
+            "the server {at} names is not a master (failover in progress)"
+        )))
+    }
+}

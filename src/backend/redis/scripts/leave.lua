@@ -1,0 +1,4 @@
+-- KEYS: queue, alive. ARGV: waiter_id.
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return 1
