@@ -17,7 +17,7 @@ use crate::config::ConfigError;
 /// The table line of Redis behind Sentinel.
 pub const KIND: Kind = Kind {
     schemes: &["redis+sentinel"],
-    usage: "redis+sentinel://[user:pass@]host:port[,host:port...]/MASTER[/db]",
+    usage: "redis+sentinel://[user:pass@]host:port[,...]/MASTER[/db]",
     parse: |url, ctx| Ok(Arc::new(parse(url, ctx)?)),
 };
 
