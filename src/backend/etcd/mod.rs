@@ -37,22 +37,22 @@
 //! could not even be made is tried on the next member at once.
 
 mod errors;
+mod requests;
 mod target;
+mod value;
 
 use std::future::Future;
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, KeyValue, LeaseGrantOptions, PutOptions,
-    Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
-};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
 
 use crate::backend::conn::{Connection, Slot};
 use crate::backend::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::config::BackendConfig;
 use errors::{describe, is_lease_not_found, never_sent};
 pub use target::{EtcdTarget, KIND};
+use value::{holder_value, new_lease_id};
 
 /// How long to try a TCP connection to one member before calling it unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -169,133 +169,6 @@ impl EtcdBackend {
             }
         }
     }
-
-    /// Revokes lease `id` (and so deletes the keys attached to it). False if the lease
-    /// was already gone.
-    async fn revoke(&self, id: i64) -> Result<bool, BackendError> {
-        self.call(|mut c| async move {
-            match c.lease_revoke(id).await {
-                Ok(_) => Ok(true),
-                Err(e) if is_lease_not_found(&e) => Ok(false),
-                Err(e) => Err(e),
-            }
-        })
-        .await
-    }
-
-    /// Our lease for `token`, if we have one.
-    fn our_lease(&self, token: &str) -> Option<OurLease> {
-        self.local().lease.clone().filter(|l| l.token == token)
-    }
-
-    /// The holder stored in `kv`, with the time left on its lease.
-    async fn holder(&self, kv: &KeyValue) -> Result<Holder, BackendError> {
-        let lease = kv.lease();
-        let ttl = if lease == 0 {
-            0
-        } else {
-            self.call(|mut c| async move { c.lease_time_to_live(lease, None).await })
-                .await?
-                .ttl()
-        };
-        Ok(holder_from(kv.value(), kv.create_revision(), ttl))
-    }
-
-    /// The lock key as stored now, with the revision of the read.
-    async fn read(&self, key: &str) -> Result<(Option<KeyValue>, i64), BackendError> {
-        let reply = self
-            .call(|mut c| async move { c.get(key, None).await })
-            .await?;
-        let revision = reply.header().map_or(0, |h| h.revision());
-        Ok((reply.kvs().first().cloned(), revision))
-    }
-
-    /// Revokes a lease left from an earlier try that failed part-way (its transaction
-    /// may have been applied: a new try would find the lock "busy" with ourselves).
-    async fn drop_stale_lease(&self) -> Result<(), BackendError> {
-        let stale = self.local().lease.clone();
-        if let Some(old) = stale {
-            self.revoke(old.id).await?;
-            let mut local = self.local();
-            if local.lease.as_ref().is_some_and(|l| l.id == old.id) {
-                local.lease = None;
-            }
-        }
-        Ok(())
-    }
-
-    /// Waits for a DELETE of `key` after revision `after`; returns at `deadline`.
-    async fn watch_deletion(
-        &self,
-        key: &str,
-        after: i64,
-        deadline: tokio::time::Instant,
-    ) -> Result<(), BackendError> {
-        self.call(|mut c| async move {
-            let options = WatchOptions::new()
-                .with_start_revision(after + 1)
-                .with_filters([WatchFilterType::NoPut]);
-            let watch = async {
-                let mut stream = c.watch(key, Some(options)).await?;
-                // A cancelled watch (its start was compacted away) also ends the wait.
-                while let Some(reply) = stream.message().await? {
-                    let deleted = reply
-                        .events()
-                        .iter()
-                        .any(|e| e.event_type() == EventType::Delete);
-                    if deleted || reply.canceled() {
-                        break;
-                    }
-                }
-                Ok(())
-            };
-            tokio::time::timeout_at(deadline, watch)
-                .await
-                .unwrap_or(Ok(()))
-        })
-        .await
-    }
-
-    /// `Release::KeepFor`: moves the key to a new lease of `keep` (so it expires then),
-    /// if it is still on ours, and revokes ours.
-    async fn keep_for(
-        &self,
-        key: &str,
-        ours: &OurLease,
-        keep: Duration,
-    ) -> Result<(), BackendError> {
-        let id = new_lease_id();
-        self.call(|mut c| async move {
-            c.lease_grant(ttl_secs(keep), Some(LeaseGrantOptions::new().with_id(id)))
-                .await
-        })
-        .await?;
-        let move_key = Txn::new()
-            .when([Compare::lease(key, CompareOp::Equal, ours.id)])
-            .and_then([TxnOp::put(
-                key,
-                ours.value.as_str(),
-                Some(PutOptions::new().with_lease(id)),
-            )]);
-        let reply = self
-            .call(|mut c| {
-                let txn = move_key.clone();
-                async move { c.txn(txn).await }
-            })
-            .await;
-        let moved = matches!(reply, Ok(ref r) if r.succeeded());
-        if !moved {
-            // Not ours any more (or no answer): the new lease is not needed.
-            let _ = self.revoke(id).await;
-        }
-        // Nothing is on our old lease now (or, without an answer, let it go anyway).
-        let _ = self.revoke(ours.id).await;
-        match (reply, moved) {
-            (Err(e), _) => Err(e),
-            (Ok(_), true) => Ok(()),
-            (Ok(_), false) => Err(BackendError::NotOwner),
-        }
-    }
 }
 
 impl Backend for EtcdBackend {
@@ -309,20 +182,8 @@ impl Backend for EtcdBackend {
         };
         // Recorded before asking: an abandoned acquire is cleaned up by `release`.
         self.local().lease = Some(ours.clone());
-        let (id, ttl) = (ours.id, ttl_secs(req.ttl));
-        let granted = self
-            .call(|mut c| async move {
-                c.lease_grant(ttl, Some(LeaseGrantOptions::new().with_id(id)))
-                    .await
-            })
-            .await?;
-        if granted.ttl() < ttl {
-            return Err(BackendError::Refused(format!(
-                "etcd at {} granted a lease of {}s instead of {ttl}s: raise its maximum lease TTL",
-                self.member(),
-                granted.ttl()
-            )));
-        }
+        let id = ours.id;
+        self.grant(id, req.ttl).await?;
         let take = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(
@@ -352,24 +213,7 @@ impl Backend for EtcdBackend {
                 self.member()
             )));
         }
-        let kv = reply.op_responses().into_iter().find_map(|r| match r {
-            TxnOpResponse::Get(g) => g.kvs().first().cloned(),
-            _ => None,
-        });
-        {
-            let mut local = self.local();
-            local.busy_revision = revision;
-            local.lease = None;
-        }
-        let holder = async {
-            match &kv {
-                Some(kv) => self.holder(kv).await,
-                None => Ok(Holder::default()),
-            }
-        };
-        // The lease is not needed while busy; it would expire anyway.
-        let (_, holder) = tokio::join!(self.revoke(id), holder);
-        Ok(Acquire::Busy(holder?))
+        self.busy(reply, revision, id).await
     }
 
     async fn renew(&self, name: &str, token: &str, _ttl: Duration) -> Result<(), BackendError> {
@@ -480,84 +324,5 @@ impl Backend for EtcdBackend {
     async fn stop_waiting(&self, _name: &str) -> Result<(), BackendError> {
         // A waiter is only a watch, gone with the call that made it.
         Ok(())
-    }
-}
-
-/// etcd TTLs are whole seconds: round up, so the server keeps the lease at least `d`.
-fn ttl_secs(d: Duration) -> i64 {
-    i64::try_from(d.as_millis().div_ceil(1000).max(1)).unwrap_or(i64::MAX)
-}
-
-/// A random, positive lease ID (etcd chooses one when given 0).
-fn new_lease_id() -> i64 {
-    let raw = u64::from_str_radix(&crate::token::random_hex(8), 16).unwrap_or(1);
-    i64::try_from(raw >> 1).unwrap_or(1).max(1)
-}
-
-/// The key's value: the token and who we are, for `status`.
-fn holder_value(req: &AcquireRequest) -> String {
-    let since_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    serde_json::json!({
-        "token": req.token, "host": req.host, "pid": req.pid, "since_ms": since_ms,
-    })
-    .to_string()
-}
-
-/// Reads a holder from a key's value (anything but our JSON gives empty fields).
-fn holder_from(value: &[u8], create_revision: i64, ttl: i64) -> Holder {
-    let v: serde_json::Value = serde_json::from_slice(value).unwrap_or_default();
-    Holder {
-        host: v["host"].as_str().unwrap_or_default().to_owned(),
-        pid: v["pid"]
-            .as_u64()
-            .and_then(|p| u32::try_from(p).ok())
-            .unwrap_or(0),
-        since_ms: v["since_ms"].as_u64().unwrap_or(0),
-        fencing_token: u64::try_from(create_revision).unwrap_or(0),
-        // -1: the lease is gone and the key about to be.
-        ttl_left: Duration::from_secs(u64::try_from(ttl).unwrap_or(0)),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ttl_rounds_up_to_whole_seconds() {
-        assert_eq!(ttl_secs(Duration::from_millis(1)), 1);
-        assert_eq!(ttl_secs(Duration::from_millis(999)), 1);
-        assert_eq!(ttl_secs(Duration::from_secs(2)), 2);
-        assert_eq!(ttl_secs(Duration::from_millis(2001)), 3);
-        assert_eq!(ttl_secs(Duration::ZERO), 1);
-    }
-
-    #[test]
-    fn lease_ids_are_positive_and_differ() {
-        let (a, b) = (new_lease_id(), new_lease_id());
-        assert!(a > 0 && b > 0);
-        assert_ne!(a, b);
-    }
-
-    #[test]
-    fn holder_round_trips_through_the_value() {
-        let req = AcquireRequest {
-            token: "ab".repeat(16),
-            ttl: Duration::from_secs(30),
-            host: "web1".into(),
-            pid: 4242,
-        };
-        let h = holder_from(holder_value(&req).as_bytes(), 77, 12);
-        assert_eq!(
-            (h.host.as_str(), h.pid, h.fencing_token),
-            ("web1", 4242, 77)
-        );
-        assert_eq!(h.ttl_left, Duration::from_secs(12));
-        assert!(h.since_ms > 1_600_000_000_000);
-        let foreign = holder_from(b"not json", 5, -1);
-        assert_eq!((foreign.host.as_str(), foreign.pid), ("", 0));
-        assert_eq!(foreign.ttl_left, Duration::ZERO);
     }
 }

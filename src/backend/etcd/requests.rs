@@ -1,0 +1,191 @@
+//! The etcd backend's requests that take more than one step (lease grant, busy
+//! answer, revoke, reads, the `--hold-at-least` hand-over, the deletion watch), as
+//! methods of [`EtcdBackend`]. Part of [`super`].
+
+use std::time::Duration;
+
+use etcd_client::{
+    Compare, CompareOp, EventType, KeyValue, LeaseGrantOptions, PutOptions, Txn, TxnOp,
+    TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
+};
+
+use super::errors::is_lease_not_found;
+use super::value::{holder_from, new_lease_id, ttl_secs};
+use super::{EtcdBackend, OurLease};
+use crate::backend::{Acquire, BackendError, Holder};
+
+impl EtcdBackend {
+    /// Revokes lease `id` (and so deletes the keys attached to it). False if the lease
+    /// was already gone.
+    pub(super) async fn revoke(&self, id: i64) -> Result<bool, BackendError> {
+        self.call(|mut c| async move {
+            match c.lease_revoke(id).await {
+                Ok(_) => Ok(true),
+                Err(e) if is_lease_not_found(&e) => Ok(false),
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+
+    /// Our lease for `token`, if we have one.
+    pub(super) fn our_lease(&self, token: &str) -> Option<OurLease> {
+        self.local().lease.clone().filter(|l| l.token == token)
+    }
+
+    /// The holder stored in `kv`, with the time left on its lease.
+    pub(super) async fn holder(&self, kv: &KeyValue) -> Result<Holder, BackendError> {
+        let lease = kv.lease();
+        let ttl = if lease == 0 {
+            0
+        } else {
+            self.call(|mut c| async move { c.lease_time_to_live(lease, None).await })
+                .await?
+                .ttl()
+        };
+        Ok(holder_from(kv.value(), kv.create_revision(), ttl))
+    }
+
+    /// The lock key as stored now, with the revision of the read.
+    pub(super) async fn read(&self, key: &str) -> Result<(Option<KeyValue>, i64), BackendError> {
+        let reply = self
+            .call(|mut c| async move { c.get(key, None).await })
+            .await?;
+        let revision = reply.header().map_or(0, |h| h.revision());
+        Ok((reply.kvs().first().cloned(), revision))
+    }
+
+    /// Revokes a lease left from an earlier try that failed part-way (its transaction
+    /// may have been applied: a new try would find the lock "busy" with ourselves).
+    pub(super) async fn drop_stale_lease(&self) -> Result<(), BackendError> {
+        let stale = self.local().lease.clone();
+        if let Some(old) = stale {
+            self.revoke(old.id).await?;
+            let mut local = self.local();
+            if local.lease.as_ref().is_some_and(|l| l.id == old.id) {
+                local.lease = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for a DELETE of `key` after revision `after`; returns at `deadline`.
+    pub(super) async fn watch_deletion(
+        &self,
+        key: &str,
+        after: i64,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), BackendError> {
+        self.call(|mut c| async move {
+            let options = WatchOptions::new()
+                .with_start_revision(after + 1)
+                .with_filters([WatchFilterType::NoPut]);
+            let watch = async {
+                let mut stream = c.watch(key, Some(options)).await?;
+                // A cancelled watch (its start was compacted away) also ends the wait.
+                while let Some(reply) = stream.message().await? {
+                    let deleted = reply
+                        .events()
+                        .iter()
+                        .any(|e| e.event_type() == EventType::Delete);
+                    if deleted || reply.canceled() {
+                        break;
+                    }
+                }
+                Ok(())
+            };
+            tokio::time::timeout_at(deadline, watch)
+                .await
+                .unwrap_or(Ok(()))
+        })
+        .await
+    }
+
+    /// `Release::KeepFor`: moves the key to a new lease of `keep` (so it expires then),
+    /// if it is still on ours, and revokes ours.
+    pub(super) async fn keep_for(
+        &self,
+        key: &str,
+        ours: &OurLease,
+        keep: Duration,
+    ) -> Result<(), BackendError> {
+        let id = new_lease_id();
+        self.call(|mut c| async move {
+            c.lease_grant(ttl_secs(keep), Some(LeaseGrantOptions::new().with_id(id)))
+                .await
+        })
+        .await?;
+        let move_key = Txn::new()
+            .when([Compare::lease(key, CompareOp::Equal, ours.id)])
+            .and_then([TxnOp::put(
+                key,
+                ours.value.as_str(),
+                Some(PutOptions::new().with_lease(id)),
+            )]);
+        let reply = self
+            .call(|mut c| {
+                let txn = move_key.clone();
+                async move { c.txn(txn).await }
+            })
+            .await;
+        let moved = matches!(reply, Ok(ref r) if r.succeeded());
+        if !moved {
+            // Not ours any more (or no answer): the new lease is not needed.
+            let _ = self.revoke(id).await;
+        }
+        // Nothing is on our old lease now (or, without an answer, let it go anyway).
+        let _ = self.revoke(ours.id).await;
+        match (reply, moved) {
+            (Err(e), _) => Err(e),
+            (Ok(_), true) => Ok(()),
+            (Ok(_), false) => Err(BackendError::NotOwner),
+        }
+    }
+
+    /// Grants our lease `id` of `ttl` (rounded up to whole seconds); a server that
+    /// grants less (its maximum TTL is lower) is a refusal, never a shorter lease.
+    pub(super) async fn grant(&self, id: i64, ttl: Duration) -> Result<(), BackendError> {
+        let ttl = ttl_secs(ttl);
+        let granted = self
+            .call(|mut c| async move {
+                c.lease_grant(ttl, Some(LeaseGrantOptions::new().with_id(id)))
+                    .await
+            })
+            .await?;
+        if granted.ttl() < ttl {
+            return Err(BackendError::Refused(format!(
+                "etcd at {} granted a lease of {}s instead of {ttl}s: raise its maximum lease TTL",
+                self.member(),
+                granted.ttl()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The lock was busy at `revision`: remember where a watch starts, give our lease
+    /// `id` back (it would expire anyway) and say who holds it.
+    pub(super) async fn busy(
+        &self,
+        reply: TxnResponse,
+        revision: i64,
+        id: i64,
+    ) -> Result<Acquire, BackendError> {
+        let kv = reply.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Get(g) => g.kvs().first().cloned(),
+            _ => None,
+        });
+        {
+            let mut local = self.local();
+            local.busy_revision = revision;
+            local.lease = None;
+        }
+        let holder = async {
+            match &kv {
+                Some(kv) => self.holder(kv).await,
+                None => Ok(Holder::default()),
+            }
+        };
+        let (_, holder) = tokio::join!(self.revoke(id), holder);
+        Ok(Acquire::Busy(holder?))
+    }
+}
