@@ -17,7 +17,9 @@
 
 use std::future::Future;
 use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 /// What a backend keeps per connection: the client, and anything that lives and dies
 /// with it (a subscription, a task driving the socket).
@@ -182,6 +184,74 @@ impl<C: Connection> Drop for InUse<'_, C> {
         if self.armed {
             self.slot.reset(self.generation);
         }
+    }
+}
+
+/// Wake-ups that arrive on a connection (Redis pushes, PostgreSQL notifications),
+/// and whether the connection has subscribed to them. They live and die with their
+/// connection: a new connection must subscribe again.
+pub struct Wakeups<T> {
+    receiver: Mutex<Option<T>>,
+    subscribed: AtomicBool,
+}
+
+impl<T> Wakeups<T> {
+    /// Wake-ups that will arrive on `receiver` once subscribed.
+    pub fn new(receiver: Option<T>) -> Self {
+        Wakeups {
+            receiver: Mutex::new(receiver),
+            subscribed: AtomicBool::new(false),
+        }
+    }
+
+    /// True once the connection has subscribed.
+    pub fn is_subscribed(&self) -> bool {
+        self.subscribed.load(Ordering::Relaxed)
+    }
+
+    /// Records that the connection has subscribed.
+    pub fn set_subscribed(&self) {
+        self.subscribed.store(true, Ordering::Relaxed);
+    }
+
+    fn receiver(&self) -> MutexGuard<'_, Option<T>> {
+        self.receiver.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// True if the current connection of `slot` has subscribed to its wake-ups.
+pub fn subscribed<C: Connection, T>(slot: &Slot<C>, wakeups: fn(&C) -> &Wakeups<T>) -> bool {
+    slot.current()
+        .is_some_and(|(c, _)| wakeups(&c).is_subscribed())
+}
+
+/// Waits up to `slice` for a wake-up on the current connection of `slot`: `next`
+/// reads the receiver until a wake-up (`Some`) or the connection's end (`None`,
+/// which forgets the connection: the next call reconnects and subscribes again).
+/// Without a subscribed connection, it just sleeps `slice`. Returning early is always
+/// allowed: the caller asks the backend again.
+pub async fn wait_for_wakeup<C, T, F>(
+    slot: &Slot<C>,
+    wakeups: fn(&C) -> &Wakeups<T>,
+    slice: Duration,
+    mut next: F,
+) where
+    C: Connection,
+    F: AsyncFnMut(&mut T) -> Option<()>,
+{
+    let taken = slot.current().and_then(|(conn, generation)| {
+        let w = wakeups(&conn);
+        let receiver = w.is_subscribed().then(|| w.receiver().take()).flatten();
+        receiver.map(|r| (conn, generation, r))
+    });
+    let Some((conn, generation, mut receiver)) = taken else {
+        tokio::time::sleep(slice).await;
+        return;
+    };
+    match tokio::time::timeout(slice, next(&mut receiver)).await {
+        Ok(None) => slot.reset(generation),
+        // Woken or timed out: the receiver goes back for the next wait.
+        Ok(Some(())) | Err(_) => *wakeups(&conn).receiver() = Some(receiver),
     }
 }
 

@@ -33,8 +33,6 @@ mod target;
 mod tls;
 
 use std::future::poll_fn;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -44,7 +42,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, Connection as PgConnection, NoTls, Row};
 
-use crate::backend::conn::{Connection, InUse, Slot};
+use crate::backend::conn::{self as slot, Connection, InUse, Slot, Wakeups};
 use crate::backend::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::config::BackendConfig;
 use sql::{channel, Sql, SESSION};
@@ -69,11 +67,15 @@ struct PgConn {
     client: Client,
     /// The task that drives the connection; aborting it closes the socket.
     driver: JoinHandle<()>,
-    /// Wake-ups from NOTIFY (at most one pending: one is as good as many). Taken by
-    /// the waiter for the duration of a wait and put back.
-    wakeups: Mutex<Option<mpsc::Receiver<()>>>,
-    /// Whether this connection LISTENs on the lock's channel.
-    listening: AtomicBool,
+    /// Wake-ups from NOTIFY (at most one pending: one is as good as many), once the
+    /// connection LISTENs on the lock's channel.
+    wakeups: Wakeups<mpsc::Receiver<()>>,
+}
+
+impl PgConn {
+    fn wakeups(&self) -> &Wakeups<mpsc::Receiver<()>> {
+        &self.wakeups
+    }
 }
 
 impl Connection for PgConn {
@@ -153,8 +155,7 @@ impl PostgresBackend {
         let conn = PgConn {
             client,
             driver,
-            wakeups: Mutex::new(Some(wakeups)),
-            listening: AtomicBool::new(false),
+            wakeups: Wakeups::new(Some(wakeups)),
         };
         match conn.client.batch_execute(SESSION).await {
             Ok(()) => Ok(conn),
@@ -163,13 +164,6 @@ impl PostgresBackend {
                 Err(self.error(&e))
             }
         }
-    }
-
-    /// True if the current connection LISTENs.
-    fn listening(&self) -> bool {
-        self.slot
-            .current()
-            .is_some_and(|(c, _)| c.listening.load(Ordering::Relaxed))
     }
 
     /// Runs `sql` (one round trip, no prepared statement to go stale). A missing table
@@ -236,14 +230,14 @@ impl PostgresBackend {
     /// LISTENs on `name`'s channel, once per connection.
     async fn listen(&self, name: &str) -> Result<(), BackendError> {
         let c = self.conn().await?;
-        if c.listening.load(Ordering::Relaxed) {
+        if c.wakeups.is_subscribed() {
             c.keep();
             return Ok(());
         }
         let channel = channel(&self.target.table, &self.key(name));
         let reply = c.client.batch_execute(&format!("LISTEN {channel}")).await;
         if reply.is_ok() {
-            c.listening.store(true, Ordering::Relaxed);
+            c.wakeups.set_subscribed();
         }
         c.settle(reply.map_err(|e| self.error(&e)))
     }
@@ -345,7 +339,10 @@ fn millis(d: Duration) -> i64 {
 impl Backend for PostgresBackend {
     async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
         let first = self.try_acquire(name, req).await?;
-        if !self.waiting || matches!(first, Acquire::Acquired { .. }) || self.listening() {
+        if !self.waiting
+            || matches!(first, Acquire::Acquired { .. })
+            || slot::subscribed(&self.slot, PgConn::wakeups)
+        {
             return Ok(first);
         }
         // Busy, and about to wait: LISTEN, then try once more, so a release between the
@@ -416,29 +413,8 @@ impl Backend for PostgresBackend {
         max: Duration,
     ) -> Result<(), BackendError> {
         let slice = wait_slice(busy.ttl_left, max);
-        let current = self.slot.current();
-        let taken = current.as_ref().and_then(|(c, generation)| {
-            if !c.listening.load(Ordering::Relaxed) {
-                return None;
-            }
-            let wakeups = c
-                .wakeups
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            wakeups.map(|w| (c, *generation, w))
-        });
-        let Some((conn, generation, mut wakeups)) = taken else {
-            tokio::time::sleep(slice).await;
-            return Ok(());
-        };
-        match tokio::time::timeout(slice, wakeups.recv()).await {
-            // The connection is gone: the next call reconnects and listens again.
-            Ok(None) => self.slot.reset(generation),
-            Ok(Some(())) | Err(_) => {
-                *conn.wakeups.lock().unwrap_or_else(PoisonError::into_inner) = Some(wakeups);
-            }
-        }
+        // The connection's end (`None`) forgets it: the next call listens again.
+        slot::wait_for_wakeup(&self.slot, PgConn::wakeups, slice, async |w| w.recv().await).await;
         Ok(())
     }
 

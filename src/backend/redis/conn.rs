@@ -2,35 +2,30 @@
 //! multiplexed client, and, for `--wait`, the RESP3 push channel that wake-ups arrive
 //! on. Part of [`super`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
-
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, PushInfo, Value};
 use tokio::sync::mpsc;
 
 use super::errors::describe;
 use super::target::RedisTarget;
-use crate::backend::conn::{Connection, Slot};
+use crate::backend::conn::{Connection, Slot, Wakeups};
 use crate::backend::BackendError;
 
 /// A connection and what rides on it; replaced as a whole after any failure.
 pub struct RedisConn {
     /// The client; cheap to clone (one socket, multiplexed).
     pub conn: MultiplexedConnection,
-    /// Set when waiting: wake-ups (RESP3 pushes) arrive here. Taken by the waiter for
-    /// the duration of a wait and put back.
-    pub pushes: Mutex<Option<mpsc::UnboundedReceiver<PushInfo>>>,
-    /// Whether this connection has subscribed to the waiter's wake-up channel.
-    pub subscribed: AtomicBool,
+    /// Set when waiting: wake-ups (RESP3 pushes) arrive here once subscribed to the
+    /// waiter's channel.
+    pub pushes: Wakeups<mpsc::UnboundedReceiver<PushInfo>>,
 }
 
 impl Connection for RedisConn {}
 
 impl RedisConn {
-    /// True once this connection has subscribed.
-    pub fn is_subscribed(&self) -> bool {
-        self.subscribed.load(Ordering::Relaxed)
+    /// The wake-ups of this connection.
+    pub fn pushes(&self) -> &Wakeups<mpsc::UnboundedReceiver<PushInfo>> {
+        &self.pushes
     }
 }
 
@@ -89,8 +84,7 @@ pub async fn connect(
     }
     Ok(RedisConn {
         conn,
-        pushes: Mutex::new(pushes),
-        subscribed: AtomicBool::new(false),
+        pushes: Wakeups::new(pushes),
     })
 }
 

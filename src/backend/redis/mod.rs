@@ -24,13 +24,11 @@ mod scripts;
 pub mod sentinel;
 mod target;
 
-use std::sync::atomic::Ordering;
-use std::sync::PoisonError;
 use std::time::Duration;
 
 use redis::{FromRedisValue, Value};
 
-use crate::backend::conn::InUse;
+use crate::backend::conn::{self as slot, InUse};
 use crate::backend::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::config::BackendConfig;
 use conn::{RedisConn, RedisSlot};
@@ -102,13 +100,6 @@ impl RedisBackend {
         })
     }
 
-    /// True if the current connection is subscribed to this waiter's channel.
-    fn subscribed(&self) -> bool {
-        self.slot
-            .current()
-            .is_some_and(|(c, _)| c.subscribed.load(Ordering::Relaxed))
-    }
-
     /// One run of the acquire script; as a waiter, it also joins the queue (or
     /// refreshes this waiter's heartbeat) when the lock is busy.
     async fn try_acquire(
@@ -135,7 +126,7 @@ impl RedisBackend {
     /// Subscribes the connection to this waiter's wake-up channel.
     async fn subscribe(&self, name: &str) -> Result<(), BackendError> {
         let c = self.conn().await?;
-        if c.is_subscribed() {
+        if c.pushes.is_subscribed() {
             c.keep();
             return Ok(());
         }
@@ -147,7 +138,7 @@ impl RedisBackend {
         let mut conn = c.conn.clone();
         let reply = conn.subscribe(&channel).await;
         if reply.is_ok() {
-            c.subscribed.store(true, Ordering::Relaxed);
+            c.pushes.set_subscribed();
         }
         c.settle(reply.map_err(|e| errors::describe(&e, &self.display)))
     }
@@ -184,7 +175,10 @@ impl Backend for RedisBackend {
     async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
         let waiting = self.notifications;
         let first = self.try_acquire(name, req, waiting).await?;
-        if !waiting || matches!(first, Acquire::Acquired { .. }) || self.subscribed() {
+        if !waiting
+            || matches!(first, Acquire::Acquired { .. })
+            || slot::subscribed(&self.slot, RedisConn::pushes)
+        {
             return Ok(first);
         }
         // Busy, and about to wait: subscribe to this waiter's wake-up channel, then try
@@ -229,39 +223,15 @@ impl Backend for RedisBackend {
     ) -> Result<(), BackendError> {
         // The cap also keeps this waiter's heartbeat fresh (it is renewed by each try).
         let slice = wait_slice(busy.ttl_left, max);
-        let current = self.slot.current();
-        let taken = current.as_ref().and_then(|(c, generation)| {
-            let pushes = c
-                .pushes
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            pushes.map(|p| (c, *generation, p))
-        });
-        let Some((conn, generation, mut pushes)) = taken else {
-            tokio::time::sleep(slice).await;
-            return Ok(());
-        };
-        let deadline = tokio::time::Instant::now() + slice;
-        loop {
-            match tokio::time::timeout_at(deadline, pushes.recv()).await {
-                Err(_elapsed) => break,
+        slot::wait_for_wakeup(&self.slot, RedisConn::pushes, slice, async |pushes| loop {
+            match pushes.recv().await?.kind {
+                redis::PushKind::Message => return Some(()),
                 // The connection is gone; the next call reconnects and resubscribes.
-                Ok(None) => {
-                    self.slot.reset(generation);
-                    return Ok(());
-                }
-                Ok(Some(push)) => match push.kind {
-                    redis::PushKind::Message => break,
-                    redis::PushKind::Disconnection => {
-                        self.slot.reset(generation);
-                        return Ok(());
-                    }
-                    _ => continue,
-                },
+                redis::PushKind::Disconnection => return None,
+                _ => continue,
             }
-        }
-        *conn.pushes.lock().unwrap_or_else(PoisonError::into_inner) = Some(pushes);
+        })
+        .await;
         Ok(())
     }
 
