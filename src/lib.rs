@@ -9,8 +9,9 @@
 //!   with typed results, and [`backend::AnyBackend`] choosing one: [`backend::redis`]
 //!   (one Lua script a step; also behind Sentinel), [`backend::redlock`] (a quorum of
 //!   Redis servers), [`backend::postgres`] (a lease row) and [`backend::etcd`] (a lease).
-//! - [`run`]: the async driver. It acquires (`run/acquire.rs`: waiting if asked),
-//!   spawns the command through [`supervisor`], then (`run/supervise.rs`) feeds timer
+//! - [`run`]: the async driver. It acquires (`run/acquire.rs` carries out what the
+//!   pure acquire policy `run/policy.rs` decides: take, wait, retry with a new token,
+//!   give up), spawns the command through [`supervisor`], then (`run/supervise.rs`) feeds timer
 //!   ticks ([`clock`], on `CLOCK_BOOTTIME`), renewal replies and child exits into the
 //!   pure lease machine [`lease`], and carries out what it decides: renew, send the
 //!   kill signal, SIGKILL. When the command's whole process group is gone, it releases

@@ -1,10 +1,12 @@
 //! `lockrun run`: acquire, spawn, supervise, release. The thin async driver around
-//! the pure [`crate::lease`] machine: it feeds the machine timer ticks, renewal
-//! replies and the command's exit, and carries out what the machine decides. Every
+//! two pure machines: the acquire policy (`run/policy.rs`), fed the answers to acquire
+//! attempts, and the lease machine [`crate::lease`], fed timer ticks, renewal replies
+//! and the command's exit; the driver carries out what they decide. Every
 //! backend call is bounded by a timeout shorter than the lease left, so a hung server
 //! can never hold back a kill.
 
 mod acquire;
+mod policy;
 mod supervise;
 
 use std::time::Duration;
@@ -30,14 +32,6 @@ fn request_timeout(ttl: Duration) -> Duration {
     (ttl / 3).clamp(Duration::from_millis(20), MAX_REQUEST_TIME)
 }
 
-/// A lease just taken.
-struct Taken {
-    /// When the acquiring request was sent (the lease counts from here).
-    sent_at: Instant,
-    fencing_token: u64,
-    waited: Duration,
-}
-
 /// Runs `cfg` against `backend` and reports how it ended. Every outcome other than
 /// the command's own exit has been logged when this returns.
 pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
@@ -59,14 +53,14 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
             &[],
         );
     }
-    let mut req = AcquireRequest {
+    let request = AcquireRequest {
         token: crate::token::lock_token(),
         ttl: cfg.ttl,
         host: nix::unistd::gethostname()
             .map_or_else(|_| "unknown".into(), |h| h.to_string_lossy().into_owned()),
         pid: std::process::id(),
     };
-    let taken = match acquire(cfg, backend, &mut req, &mut signals).await {
+    let taken = match acquire(cfg, backend, request, &mut signals).await {
         Ok(t) => t,
         Err(outcome) => return report(outcome),
     };
@@ -93,18 +87,18 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
     let timer = match Timer::new() {
         Ok(t) => t,
         Err(e) => {
-            abandon(cfg, backend, &req.token).await;
+            abandon(cfg, backend, &taken.token).await;
             let msg = format!("cannot create the lease timer: {e}; the command was not started");
             return report(fail(&msg));
         }
     };
     let outcome = match Group::spawn(&cfg.command, &env) {
-        Ok(group) => supervise(cfg, backend, &req, &mut signals, &group, &taken, timer).await,
+        Ok(group) => supervise(cfg, backend, &mut signals, &group, &taken, timer).await,
         Err(e) => spawn_failed(cfg, e),
     };
     let hold = Instant::now().saturating_since(taken.sent_at);
     if outcome.1 {
-        release(cfg, backend, &req.token, hold).await;
+        release(cfg, backend, &taken.token, hold).await;
     }
     let fields = [
         ("hold_ms", millis(hold)),

@@ -9,8 +9,9 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::time::error::Elapsed;
 
-use super::{request_timeout, Taken};
-use crate::backend::{AcquireRequest, Backend, BackendError};
+use super::policy::Taken;
+use super::request_timeout;
+use crate::backend::{Backend, BackendError};
 use crate::clock::{Instant, Timer};
 use crate::config::RunConfig;
 use crate::lease::{Event, GroupSignal, Machine, Params, StopReason};
@@ -25,7 +26,6 @@ type Renewal<'a> = Pin<Box<dyn Future<Output = Result<Result<(), BackendError>, 
 pub(super) async fn supervise<B: Backend>(
     cfg: &RunConfig,
     backend: &B,
-    req: &AcquireRequest,
     signals: &mut Signals,
     group: &Group,
     taken: &Taken,
@@ -68,7 +68,7 @@ pub(super) async fn supervise<B: Backend>(
             let timeout = request_timeout(cfg.ttl).min(machine.renew_timeout(now));
             renewal = Some(Box::pin(tokio::time::timeout(
                 timeout,
-                backend.renew(name, &req.token, cfg.ttl),
+                backend.renew(name, &taken.token, cfg.ttl),
             )));
         }
     }
