@@ -32,6 +32,23 @@ fn request_timeout(ttl: Duration) -> Duration {
     (ttl / 3).clamp(Duration::from_millis(20), MAX_REQUEST_TIME)
 }
 
+/// How the command's run ended.
+struct Ended {
+    /// The exit status to report.
+    outcome: Outcome,
+    /// Whether the lease is still ours, to release.
+    lease: LeaseAtEnd,
+}
+
+/// The lease when the command's whole group is gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LeaseAtEnd {
+    /// Still ours: release it (or keep it for `--hold-at-least`).
+    Ours,
+    /// Lost or expired: it may be someone else's now, so it is left alone.
+    Lost,
+}
+
 /// Runs `cfg` against `backend` and reports how it ended. Every outcome other than
 /// the command's own exit has been logged when this returns.
 pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
@@ -92,26 +109,26 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
             return report(fail(&msg));
         }
     };
-    let outcome = match Group::spawn(&cfg.command, &env) {
+    let ended = match Group::spawn(&cfg.command, &env) {
         Ok(group) => supervise(cfg, backend, &mut signals, &group, &taken, timer).await,
         Err(e) => spawn_failed(cfg, e),
     };
     let hold = Instant::now().saturating_since(taken.sent_at);
-    if outcome.1 {
+    if ended.lease == LeaseAtEnd::Ours {
         release(cfg, backend, &taken.token, hold).await;
     }
     let fields = [
         ("hold_ms", millis(hold)),
-        ("exit_code", outcome.0.exit_code().into()),
+        ("exit_code", ended.outcome.exit_code().into()),
     ];
     emit(
         Level::Info,
         "finished",
-        &format!("finished with exit status {}", outcome.0.exit_code()),
+        &format!("finished with exit status {}", ended.outcome.exit_code()),
         &fields,
     );
     RunReport {
-        outcome: outcome.0,
+        outcome: ended.outcome,
         waited: taken.waited,
         held: hold,
     }
@@ -123,7 +140,8 @@ pub fn fail(msg: &str) -> Outcome {
     Outcome::Failed
 }
 
-fn spawn_failed(cfg: &RunConfig, e: SpawnError) -> (Outcome, bool) {
+/// The command could not be started: log why; the lease is still ours to release.
+fn spawn_failed(cfg: &RunConfig, e: SpawnError) -> Ended {
     let program = cfg
         .command
         .first()
@@ -140,7 +158,10 @@ fn spawn_failed(cfg: &RunConfig, e: SpawnError) -> (Outcome, bool) {
         ),
     };
     emit(Level::Error, "error", &what, &[]);
-    (outcome, true)
+    Ended {
+        outcome,
+        lease: LeaseAtEnd::Ours,
+    }
 }
 
 /// Gives the lock back (or shortens it to `--hold-at-least`), after the whole group

@@ -10,7 +10,7 @@ use serde_json::Value;
 use tokio::time::error::Elapsed;
 
 use super::policy::Taken;
-use super::request_timeout;
+use super::{request_timeout, Ended, LeaseAtEnd};
 use crate::backend::{Backend, BackendError};
 use crate::clock::{Instant, Timer};
 use crate::config::RunConfig;
@@ -22,7 +22,7 @@ use crate::supervisor::{reap, ChildExit, Group, Received, Signals};
 type Renewal<'a> = Pin<Box<dyn Future<Output = Result<Result<(), BackendError>, Elapsed>> + 'a>>;
 
 /// Runs the command to its end (and the end of its whole group) under the lease.
-/// Returns the outcome and whether the lease is still ours to release.
+/// Returns how it ended and whether the lease is still ours to release.
 pub(super) async fn supervise<B: Backend>(
     cfg: &RunConfig,
     backend: &B,
@@ -30,7 +30,7 @@ pub(super) async fn supervise<B: Backend>(
     group: &Group,
     taken: &Taken,
     mut timer: Timer,
-) -> (Outcome, bool) {
+) -> Ended {
     let name = cfg.name.as_str();
     let params = Params::new(cfg.ttl, cfg.renew_every, cfg.kill_after);
     let mut machine = Machine::new(params, taken.sent_at, Instant::now(), cfg.max_runtime);
@@ -73,7 +73,14 @@ pub(super) async fn supervise<B: Backend>(
         }
     }
     drop(renewal);
-    (outcome(&machine, leader), machine.holds_lease())
+    Ended {
+        outcome: outcome(&machine, leader),
+        lease: if machine.holds_lease() {
+            LeaseAtEnd::Ours
+        } else {
+            LeaseAtEnd::Lost
+        },
+    }
 }
 
 /// Turns a renewal's answer into an event for the machine.
