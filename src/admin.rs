@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::backend::{Backend, Holder};
-use crate::log::{emit, Level};
+use crate::log::{emit, Event, Level};
 
 /// The timeout of each request of these commands.
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -46,7 +46,7 @@ pub async fn force_release<B: Backend>(backend: &B, name: &str) -> u8 {
         Ok(Ok(Some(h))) => {
             emit(
                 Level::Warn,
-                "force_released",
+                Event::ForceReleased,
                 &format!("broke lock {name:?}, which was held by {}", describe(&h)),
                 &[
                     ("holder_host", h.host.clone().into()),
@@ -59,7 +59,7 @@ pub async fn force_release<B: Backend>(backend: &B, name: &str) -> u8 {
         Ok(Ok(None)) => {
             emit(
                 Level::Warn,
-                "force_released",
+                Event::ForceReleased,
                 &format!("lock {name:?} was not held; nothing to break"),
                 &[],
             );
@@ -71,7 +71,7 @@ pub async fn force_release<B: Backend>(backend: &B, name: &str) -> u8 {
 }
 
 fn error(msg: &str) -> u8 {
-    emit(Level::Error, "error", msg, &[]);
+    emit(Level::Error, Event::Error, msg, &[]);
     125
 }
 

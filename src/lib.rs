@@ -81,7 +81,7 @@ pub fn main_with(args: Vec<OsString>) -> u8 {
             if let Some(path) = &args.metrics_file {
                 if let Err(e) = metrics::write(path, &args.name, &report) {
                     let msg = format!("cannot write the metrics file {}: {e}", path.display());
-                    log::emit(log::Level::Warn, "metrics_failed", &msg, &[]);
+                    log::emit(log::Level::Warn, log::Event::MetricsFailed, &msg, &[]);
                 }
             }
             report.outcome.exit_code()

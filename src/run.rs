@@ -16,7 +16,7 @@ use serde_json::Value;
 use crate::backend::{AcquireRequest, Backend, BackendError, Release};
 use crate::clock::{Instant, Timer};
 use crate::config::RunConfig;
-use crate::log::{emit, Level};
+use crate::log::{emit, Event, Level};
 use crate::metrics::RunReport;
 use crate::outcome::Outcome;
 use crate::supervisor::{Group, Signals, SpawnError};
@@ -65,7 +65,7 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
     if let Err(e) = crate::supervisor::become_subreaper() {
         emit(
             Level::Warn,
-            "subreaper",
+            Event::Subreaper,
             &format!("cannot become a child subreaper ({e}): orphans of the command may escape"),
             &[],
         );
@@ -83,7 +83,7 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
     };
     emit(
         Level::Info,
-        "acquired",
+        Event::Acquired,
         &format!(
             "acquired lock {:?} (fencing token {}) after {}",
             cfg.name.as_str(),
@@ -123,7 +123,7 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
     ];
     emit(
         Level::Info,
-        "finished",
+        Event::Finished,
         &format!("finished with exit status {}", ended.outcome.exit_code()),
         &fields,
     );
@@ -136,7 +136,7 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
 
 /// Logs a failure before the command started and returns [`Outcome::Failed`].
 pub fn fail(msg: &str) -> Outcome {
-    emit(Level::Error, "error", msg, &[]);
+    emit(Level::Error, Event::Error, msg, &[]);
     Outcome::Failed
 }
 
@@ -157,7 +157,7 @@ fn spawn_failed(cfg: &RunConfig, e: SpawnError) -> Ended {
             format!("cannot execute {program:?}: {e}"),
         ),
     };
-    emit(Level::Error, "error", &what, &[]);
+    emit(Level::Error, Event::Error, &what, &[]);
     Ended {
         outcome,
         lease: LeaseAtEnd::Ours,
@@ -180,13 +180,13 @@ async fn release<B: Backend>(cfg: &RunConfig, backend: &B, token: &str, held: Du
     match (reply, how) {
         (Ok(Ok(())), Release::Now) => emit(
             Level::Info,
-            "released",
+            Event::Released,
             &format!("released lock {:?} after {}", cfg.name.as_str(), ms(held)),
             &fields,
         ),
         (Ok(Ok(())), Release::KeepFor(left)) => emit(
             Level::Info,
-            "released",
+            Event::Released,
             &format!(
                 "lock {:?} kept for {} more (--hold-at-least)",
                 cfg.name.as_str(),
@@ -196,13 +196,13 @@ async fn release<B: Backend>(cfg: &RunConfig, backend: &B, token: &str, held: Du
         ),
         (Ok(Err(BackendError::NotOwner)), _) => emit(
             Level::Warn,
-            "release_failed",
+            Event::ReleaseFailed,
             "the lock was no longer ours at release",
             &fields,
         ),
         (Ok(Err(e)), _) => emit(
             Level::Warn,
-            "release_failed",
+            Event::ReleaseFailed,
             &format!(
                 "could not release the lock: {e}; it expires within {}",
                 ms(cfg.ttl)
@@ -211,7 +211,7 @@ async fn release<B: Backend>(cfg: &RunConfig, backend: &B, token: &str, held: Du
         ),
         (Err(_), _) => emit(
             Level::Warn,
-            "release_failed",
+            Event::ReleaseFailed,
             &format!(
                 "the release timed out; the lock expires within {}",
                 ms(cfg.ttl)

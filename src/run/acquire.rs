@@ -11,7 +11,7 @@ use crate::backend::{Acquire, AcquireRequest, Backend, Holder, Release};
 use crate::clock::Instant;
 use crate::config::RunConfig;
 use crate::lease::Params;
-use crate::log::{emit, Level};
+use crate::log::{emit, Event, Level};
 use crate::outcome::Outcome;
 use crate::supervisor::Signals;
 
@@ -71,7 +71,7 @@ async fn acquire_with<B: Backend>(
                 tokio::select! {
                     r = backend.wait_for_release(name, &holder, for_at_most) => {
                         if let Err(e) = r {
-                            emit(Level::Debug, "wait_error", &e.to_string(), &[]);
+                            emit(Level::Debug, Event::WaitError, &e.to_string(), &[]);
                         }
                     }
                     sig = signals.recv_forwardable() => {
@@ -92,7 +92,7 @@ async fn acquire_with<B: Backend>(
                 abandon(cfg, backend, &old).await;
                 emit(
                     Level::Warn,
-                    "acquire_failed",
+                    Event::AcquireFailed,
                     &format!("{error}; retrying"),
                     &[],
                 );
@@ -121,7 +121,7 @@ async fn interrupted<B: Backend>(
 ) -> Outcome {
     abandon(cfg, backend, &policy.request().token).await;
     let msg = format!("interrupted by {sig} while {doing}; the command was not started");
-    emit(Level::Error, "interrupted", &msg, &[]);
+    emit(Level::Error, Event::Interrupted, &msg, &[]);
     Outcome::Interrupted(sig as i32)
 }
 
@@ -141,7 +141,7 @@ fn busy(cfg: &RunConfig, holder: &Holder, waited: Duration) -> Outcome {
     let since = holder.since();
     emit(
         Level::Warn,
-        "busy",
+        Event::Busy,
         &format!(
             "lock {:?} is held by {} pid {} since {since} ({} left); the command was not started",
             cfg.name.as_str(),

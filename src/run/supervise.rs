@@ -15,7 +15,7 @@ use crate::backend::{Backend, BackendError};
 use crate::clock::{Instant, Timer};
 use crate::config::RunConfig;
 use crate::lease::{Event, GroupSignal, Machine, Params, StopReason};
-use crate::log::{emit, Level};
+use crate::log::{emit, Event as LogEvent, Level};
 use crate::outcome::Outcome;
 use crate::supervisor::{reap, ChildExit, Group, Received, Signals};
 
@@ -92,7 +92,7 @@ fn renewal_event(
     match answer {
         Ok(Ok(())) => {
             *failures = 0;
-            emit(Level::Debug, "renewed", "lease renewed", &[]);
+            emit(Level::Debug, LogEvent::Renewed, "lease renewed", &[]);
             Event::RenewOk
         }
         Ok(Err(BackendError::NotOwner)) => Event::RenewLost,
@@ -120,7 +120,7 @@ fn on_signal(received: Received, group: &Group, leader: &mut Option<ChildExit>) 
             let msg = format!("forwarding {sig} to the command");
             emit(
                 Level::Info,
-                "forwarded",
+                LogEvent::Forwarded,
                 &msg,
                 &[("signal", sig.as_str().into())],
             );
@@ -138,9 +138,9 @@ fn outcome(machine: &Machine, leader: Option<ChildExit>) -> Outcome {
             _,
         ) => {
             let (event, outcome) = if r.is_loss() {
-                ("lost", Outcome::LockLost)
+                (LogEvent::Lost, Outcome::LockLost)
             } else {
-                ("max_runtime", Outcome::MaxRuntime)
+                (LogEvent::MaxRuntime, Outcome::MaxRuntime)
             };
             let msg = format!("stopped the command: {}", r.describe());
             emit(Level::Error, event, &msg, &[("reason", r.code().into())]);
@@ -162,7 +162,7 @@ fn renew_failed(failures: &mut u32, why: &str) -> Event {
     };
     emit(
         level,
-        "renew_failed",
+        LogEvent::RenewFailed,
         &format!("could not renew the lease: {why}; retrying"),
         &[("failures", (*failures).into())],
     );
@@ -181,7 +181,7 @@ fn carry_out(cfg: &RunConfig, group: &Group, signal: GroupSignal) {
     };
     emit(
         level,
-        "killing",
+        LogEvent::Killing,
         &format!(
             "sending {sig} to the command's process group: {}",
             reason.describe()
@@ -210,5 +210,5 @@ fn log_exit(exit: ChildExit) {
             ("signal", Value::from(s)),
         ),
     };
-    emit(Level::Info, "exited", &msg, &[field]);
+    emit(Level::Info, LogEvent::Exited, &msg, &[field]);
 }
