@@ -1,7 +1,7 @@
 //! The lease and the stopping of the command, as a pure state machine.
 //!
 //! No tokio, no I/O, no clock reads: [`Machine::step`] takes an [`Event`] and the
-//! current [`Instant`] and says what to do ([`Actions`]); [`Machine::next_wakeup`] says
+//! current [`BootInstant`] and says what to do ([`Actions`]); [`Machine::next_wakeup`] says
 //! when it next needs a [`Event::Tick`]. The driver in [`crate::run`] feeds it timer
 //! ticks and backend replies and carries out the actions. Everything that decides when
 //! the command is renewed, warned and killed lives here, so it can be tested
@@ -19,7 +19,7 @@
 
 use std::time::Duration;
 
-use crate::clock::Instant;
+use crate::clock::BootInstant;
 
 /// Why lockrun is stopping the command's process group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,7 +98,7 @@ impl Params {
     }
 
     /// The local deadline of a lease whose request was sent at `sent_at`.
-    pub fn deadline_from(&self, sent_at: Instant) -> Instant {
+    pub fn deadline_from(&self, sent_at: BootInstant) -> BootInstant {
         sent_at + self.ttl.saturating_sub(self.drift)
     }
 
@@ -118,17 +118,17 @@ pub enum Lease {
     /// the renewal in flight.
     Held {
         /// SIGKILL is due at this instant at the latest.
-        deadline: Instant,
+        deadline: BootInstant,
         /// When the next renewal goes out.
-        next_renew: Instant,
+        next_renew: BootInstant,
         /// Send time of the renewal in flight, if any.
-        renewing: Option<Instant>,
+        renewing: Option<BootInstant>,
     },
     /// The backend said it is no longer ours; `deadline` is the last one known,
     /// which still bounds SIGKILL.
     Lost {
         /// The deadline the lease had when it was found lost.
-        deadline: Instant,
+        deadline: BootInstant,
     },
     /// The deadline passed without a successful renewal: it may be someone else's.
     Expired,
@@ -144,7 +144,7 @@ pub enum Stop {
         /// Why the group is being stopped.
         reason: StopReason,
         /// When SIGKILL is due.
-        kill_at: Instant,
+        kill_at: BootInstant,
     },
     /// SIGKILL was sent.
     Killed {
@@ -192,7 +192,7 @@ pub struct Machine {
     params: Params,
     lease: Lease,
     stop: Stop,
-    max_runtime_at: Option<Instant>,
+    max_runtime_at: Option<BootInstant>,
 }
 
 impl Machine {
@@ -200,8 +200,8 @@ impl Machine {
     /// with the command started at `started_at`.
     pub fn new(
         params: Params,
-        acquire_sent_at: Instant,
-        started_at: Instant,
+        acquire_sent_at: BootInstant,
+        started_at: BootInstant,
         max_runtime: Option<Duration>,
     ) -> Machine {
         Machine {
@@ -244,7 +244,7 @@ impl Machine {
 
     /// The latest time a renewal request sent at `now` may wait for its answer: past
     /// the deadline an answer is useless, so the request is abandoned there.
-    pub fn renew_timeout(&self, now: Instant) -> Duration {
+    pub fn renew_timeout(&self, now: BootInstant) -> Duration {
         match self.lease {
             Lease::Held { deadline, .. } => deadline.saturating_since(now),
             Lease::Lost { .. } | Lease::Expired => Duration::ZERO,
@@ -252,9 +252,9 @@ impl Machine {
     }
 
     /// When the driver must next deliver a [`Event::Tick`], if ever.
-    pub fn next_wakeup(&self) -> Option<Instant> {
-        let mut at: Option<Instant> = None;
-        let mut consider = |t: Instant| at = Some(at.map_or(t, |a| a.min(t)));
+    pub fn next_wakeup(&self) -> Option<BootInstant> {
+        let mut at: Option<BootInstant> = None;
+        let mut consider = |t: BootInstant| at = Some(at.map_or(t, |a| a.min(t)));
         if let Lease::Held {
             deadline,
             next_renew,
@@ -282,7 +282,7 @@ impl Machine {
     }
 
     /// Applies `event` at time `now`, returning what to do.
-    pub fn step(&mut self, event: Event, now: Instant) -> Actions {
+    pub fn step(&mut self, event: Event, now: BootInstant) -> Actions {
         self.lease = self.next_lease(event, now);
         let mut actions = Actions {
             signal: self.next_stop(event, now),
@@ -308,7 +308,7 @@ impl Machine {
 
     /// The lease after `event`: renewal replies move the deadline, and a deadline
     /// reached turns it to [`Lease::Expired`].
-    fn next_lease(&self, event: Event, now: Instant) -> Lease {
+    fn next_lease(&self, event: Event, now: BootInstant) -> Lease {
         let p = &self.params;
         let lease = match (self.lease, event) {
             (
@@ -365,7 +365,7 @@ impl Machine {
     }
 
     /// The stop state after `event`, and the signal to send, if any.
-    fn next_stop(&mut self, event: Event, now: Instant) -> Option<GroupSignal> {
+    fn next_stop(&mut self, event: Event, now: BootInstant) -> Option<GroupSignal> {
         let p = self.params;
         let (stop, signal) = match self.stop {
             Stop::Running => {

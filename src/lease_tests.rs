@@ -5,8 +5,8 @@ use super::*;
 
 const MS: Duration = Duration::from_millis(1);
 
-fn at(ms: u64) -> Instant {
-    Instant::from_since_boot(Duration::from_millis(ms))
+fn at(ms: u64) -> BootInstant {
+    BootInstant::from_since_boot(Duration::from_millis(ms))
 }
 
 /// TTL 3000 ms, renew every 1000 ms, kill-after 500 ms: drift = 80 ms, grace = 500 ms,
@@ -344,8 +344,8 @@ fn random_schedules_never_kill_after_the_deadline() {
         let mut now = 1000u64;
         let mut m = Machine::new(p, at(now), at(now), None);
         let mut truth_deadline = at(now) + p.ttl - p.drift;
-        let mut in_flight: Option<Instant> = None;
-        let mut killed_at: Option<Instant> = None;
+        let mut in_flight: Option<BootInstant> = None;
+        let mut killed_at: Option<BootInstant> = None;
         for _ in 0..200 {
             // Jump to the next wakeup, or earlier, or (a pause) far later.
             let wake = m

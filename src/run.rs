@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::backend::{AcquireRequest, Backend, BackendError, Release};
-use crate::clock::{Instant, Timer};
+use crate::clock::{BootInstant, Timer};
 use crate::config::RunConfig;
 use crate::log::{emit, Event, Level};
 use crate::metrics::RunReport;
@@ -52,10 +52,10 @@ enum LeaseAtEnd {
 /// Runs `cfg` against `backend` and reports how it ended. Every outcome other than
 /// the command's own exit has been logged when this returns.
 pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
-    let started = tokio::time::Instant::now();
+    let started = BootInstant::now();
     let report = |outcome: Outcome| RunReport {
         outcome,
-        waited: started.elapsed(),
+        waited: BootInstant::now().saturating_since(started),
         held: Duration::ZERO,
     };
     let mut signals = match Signals::install() {
@@ -113,7 +113,7 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
         Ok(group) => supervise(cfg, backend, &mut signals, &group, &taken, timer).await,
         Err(e) => spawn_failed(cfg, e),
     };
-    let hold = Instant::now().saturating_since(taken.sent_at);
+    let hold = BootInstant::now().saturating_since(taken.sent_at);
     if ended.lease == LeaseAtEnd::Ours {
         release(cfg, backend, &taken.token, hold).await;
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::policy::{Next, Policy, Random, Reply, Taken, Terms};
 use super::{fail, millis, ms, request_timeout};
 use crate::backend::{Acquire, AcquireRequest, Backend, Holder, Release};
-use crate::clock::Instant;
+use crate::clock::BootInstant;
 use crate::config::RunConfig;
 use crate::lease::Params;
 use crate::log::{emit, Event, Level};
@@ -44,9 +44,9 @@ async fn acquire_with<B: Backend>(
         request_timeout: request_timeout(cfg.ttl),
         backend: cfg.backend.display.clone(),
     };
-    let mut policy = Policy::new(terms, request, random, Instant::now());
+    let mut policy = Policy::new(terms, request, random, BootInstant::now());
     loop {
-        let sent_at = Instant::now();
+        let sent_at = BootInstant::now();
         let attempt = tokio::time::timeout(
             request_timeout(cfg.ttl),
             backend.acquire(name, policy.request()),
@@ -62,7 +62,7 @@ async fn acquire_with<B: Backend>(
                 return Err(interrupted(cfg, backend, &policy, sig, "acquiring").await);
             }
         };
-        match policy.on_reply(reply, Instant::now()) {
+        match policy.on_reply(reply, BootInstant::now()) {
             Next::Take(taken) => return Ok(taken),
             Next::Wait {
                 holder,

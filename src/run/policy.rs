@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use super::ms;
 use crate::backend::{AcquireRequest, BackendError, Holder};
-use crate::clock::Instant;
+use crate::clock::BootInstant;
 use crate::lease::Params;
 
 /// The shortest pause before a retry after a transient error.
@@ -73,7 +73,7 @@ pub(crate) enum Reply {
         /// The fencing token it handed out.
         fencing_token: u64,
         /// When the attempt was sent (the lease counts from here).
-        sent_at: Instant,
+        sent_at: BootInstant,
     },
     /// Someone else holds it.
     Busy(Holder),
@@ -87,7 +87,7 @@ pub(crate) enum Reply {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Taken {
     /// When the acquiring request was sent (the lease counts from here).
-    pub sent_at: Instant,
+    pub sent_at: BootInstant,
     /// The fencing token handed out with the lease.
     pub fencing_token: u64,
     /// The token the lock is held with (for renewals and the release).
@@ -141,14 +141,19 @@ pub(crate) struct Policy {
     terms: Terms,
     request: AcquireRequest,
     random: Random,
-    started_at: Instant,
-    give_up_at: Instant,
+    started_at: BootInstant,
+    give_up_at: BootInstant,
 }
 
 impl Policy {
     /// A policy for acquiring with `request` (its token is the first attempt's),
     /// started at `started_at`.
-    pub fn new(terms: Terms, request: AcquireRequest, random: Random, started_at: Instant) -> Self {
+    pub fn new(
+        terms: Terms,
+        request: AcquireRequest,
+        random: Random,
+        started_at: BootInstant,
+    ) -> Self {
         Policy {
             give_up_at: started_at + terms.wait,
             terms,
@@ -164,7 +169,7 @@ impl Policy {
     }
 
     /// Decides what follows `reply`, read at `now`.
-    pub fn on_reply(&mut self, reply: Reply, now: Instant) -> Next {
+    pub fn on_reply(&mut self, reply: Reply, now: BootInstant) -> Next {
         match reply {
             Reply::Acquired {
                 fencing_token,
@@ -208,7 +213,7 @@ impl Policy {
     /// A failed attempt: permanent errors end it; after a transient one the token is
     /// rotated (the attempt may have been applied unseen) and a retry follows if it
     /// comes before the give-up time.
-    fn failed(&mut self, error: BackendError, now: Instant) -> Next {
+    fn failed(&mut self, error: BackendError, now: BootInstant) -> Next {
         if !error.is_transient() {
             return Next::Fail {
                 error,

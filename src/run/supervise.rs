@@ -12,7 +12,7 @@ use tokio::time::error::Elapsed;
 use super::policy::Taken;
 use super::{request_timeout, Ended, LeaseAtEnd};
 use crate::backend::{Backend, BackendError};
-use crate::clock::{Instant, Timer};
+use crate::clock::{BootInstant, Timer};
 use crate::config::RunConfig;
 use crate::lease::{Event, GroupSignal, Machine, Params, StopReason};
 use crate::log::{emit, Event as LogEvent, Level};
@@ -33,7 +33,7 @@ pub(super) async fn supervise<B: Backend>(
 ) -> Ended {
     let name = cfg.name.as_str();
     let params = Params::new(cfg.ttl, cfg.renew_every, cfg.kill_after);
-    let mut machine = Machine::new(params, taken.sent_at, Instant::now(), cfg.max_runtime);
+    let mut machine = Machine::new(params, taken.sent_at, BootInstant::now(), cfg.max_runtime);
     let mut renewal: Option<Renewal<'_>> = None;
     // The SIGCHLD handler was installed before the spawn, so an early exit of the
     // command is not missed: the first `signals.recv()` reports it.
@@ -56,7 +56,7 @@ pub(super) async fn supervise<B: Backend>(
             // one may have been a grandchild reaped by its own parent.
             _ = tokio::time::sleep(Duration::from_millis(50)), if leader.is_some() => None,
         };
-        let now = Instant::now();
+        let now = BootInstant::now();
         let actions = machine.step(event.unwrap_or(Event::Tick), now);
         if let Some(signal) = actions.signal {
             carry_out(cfg, group, signal);

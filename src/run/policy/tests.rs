@@ -8,8 +8,8 @@ use super::*;
 
 const MS: Duration = Duration::from_millis(1);
 
-fn at(ms: u64) -> Instant {
-    Instant::from_since_boot(Duration::from_millis(ms))
+fn at(ms: u64) -> BootInstant {
+    BootInstant::from_since_boot(Duration::from_millis(ms))
 }
 
 /// Distinct tokens, as the OS generator gives.
