@@ -16,6 +16,8 @@
 //! - Transient renewal errors are retried while the lease is valid; the kill signal
 //!   goes out a grace period before the deadline so the command can stop cleanly.
 //! - A definite loss (the key is gone or holds another token) stops the command at once.
+//! - Without its timer (it could not be set) nothing is sure to wake lockrun at the
+//!   deadline, so the group gets SIGKILL at once: fail closed.
 
 use std::time::Duration;
 
@@ -32,13 +34,16 @@ pub enum StopReason {
     MaxRuntime,
     /// The command exited but left processes running in its group.
     Leftovers,
+    /// The lease timer could not be set: the kill before the deadline could no longer
+    /// be guaranteed.
+    TimerFailed,
 }
 
 impl StopReason {
     /// True when the lock was lost (exit status 124 with a "lost" log line).
     pub fn is_loss(self) -> bool {
         match self {
-            StopReason::LeaseLost | StopReason::LeaseExpiring => true,
+            StopReason::LeaseLost | StopReason::LeaseExpiring | StopReason::TimerFailed => true,
             StopReason::MaxRuntime | StopReason::Leftovers => false,
         }
     }
@@ -50,6 +55,7 @@ impl StopReason {
             StopReason::LeaseExpiring => "lease_expiring",
             StopReason::MaxRuntime => "max_runtime",
             StopReason::Leftovers => "leftovers",
+            StopReason::TimerFailed => "timer_failed",
         }
     }
 
@@ -60,6 +66,9 @@ impl StopReason {
             StopReason::LeaseExpiring => "the lease could not be renewed before it expired",
             StopReason::MaxRuntime => "--max-runtime was reached",
             StopReason::Leftovers => "the command exited and left processes in its group",
+            StopReason::TimerFailed => {
+                "the lease timer could not be set, so the kill before the lease expires could not be guaranteed"
+            }
         }
     }
 }
@@ -166,6 +175,9 @@ pub enum Event {
     RenewLost,
     /// The command (the group leader) exited, and its group still has processes.
     CommandExited,
+    /// The driver could not set its timer to [`Machine::next_wakeup`]: nothing is sure
+    /// to deliver the next [`Event::Tick`] in time.
+    TimerFailed,
 }
 
 /// A signal for the whole process group.
@@ -350,7 +362,10 @@ impl Machine {
                 held @ Lease::Held { renewing: None, .. },
                 Event::RenewOk | Event::RenewFailed | Event::RenewLost,
             ) => held,
-            (held @ Lease::Held { .. }, Event::Tick | Event::CommandExited) => held,
+            (
+                held @ Lease::Held { .. },
+                Event::Tick | Event::CommandExited | Event::TimerFailed,
+            ) => held,
             (lost @ Lease::Lost { .. }, _) => lost,
             (Lease::Expired, _) => Lease::Expired,
         };
@@ -366,6 +381,9 @@ impl Machine {
 
     /// The stop state after `event`, and the signal to send, if any.
     fn next_stop(&mut self, event: Event, now: BootInstant) -> Option<GroupSignal> {
+        if event == Event::TimerFailed {
+            return self.kill_now();
+        }
         let p = self.params;
         let (stop, signal) = match self.stop {
             Stop::Running => {
@@ -415,6 +433,21 @@ impl Machine {
         };
         self.stop = stop;
         signal
+    }
+
+    /// Fails closed when the timer is gone: SIGKILL now, whatever the stop state
+    /// (unless it was sent already). The lease itself is not touched: while it is
+    /// held it is renewed on the driver's other wake-ups and released at the end.
+    fn kill_now(&mut self) -> Option<GroupSignal> {
+        let reason = match (self.stop, self.lease) {
+            (Stop::Killed { .. }, _) => return None,
+            (Stop::Terminating { reason, .. }, _) => reason,
+            (Stop::Running, Lease::Held { .. }) => StopReason::TimerFailed,
+            (Stop::Running, Lease::Lost { .. }) => StopReason::LeaseLost,
+            (Stop::Running, Lease::Expired) => StopReason::LeaseExpiring,
+        };
+        self.stop = Stop::Killed { reason };
+        Some(GroupSignal::Kill(reason))
     }
 }
 

@@ -14,7 +14,7 @@ use super::{request_timeout, Ended, LeaseAtEnd};
 use crate::backend::{Backend, BackendError};
 use crate::clock::{BootInstant, Timer};
 use crate::config::RunConfig;
-use crate::lease::{Event, GroupSignal, Machine, Params, StopReason};
+use crate::lease::{Event, GroupSignal, Machine, Params, Stop, StopReason};
 use crate::log::{emit, Event as LogEvent, Level};
 use crate::outcome::Outcome;
 use crate::supervisor::{reap, ChildExit, Group, Received, Signals};
@@ -43,9 +43,12 @@ pub(super) async fn supervise<B: Backend>(
         if leader.is_some() && group.is_empty() {
             break;
         }
-        let _ = timer.set(machine.next_wakeup());
-        let event = tokio::select! {
-            biased;
+        let event = match timer.set(machine.next_wakeup()) {
+            Err(e) if !matches!(machine.stop(), Stop::Killed { .. }) => Some(timer_failed(&e)),
+            // Once the group has had SIGKILL nothing is left to guard (a broken timer
+            // included): wait for its end as usual.
+            _ => tokio::select! {
+                biased;
             _ = timer.fired() => Some(Event::Tick),
             r = async { renewal.as_mut().expect("guarded").await }, if renewal.is_some() => {
                 renewal = None;
@@ -55,6 +58,7 @@ pub(super) async fn supervise<B: Backend>(
             // While leftovers drain, look for an empty group now and then: the last
             // one may have been a grandchild reaped by its own parent.
             _ = tokio::time::sleep(Duration::from_millis(50)), if leader.is_some() => None,
+            },
         };
         let now = BootInstant::now();
         let actions = machine.step(event.unwrap_or(Event::Tick), now);
@@ -73,14 +77,31 @@ pub(super) async fn supervise<B: Backend>(
         }
     }
     drop(renewal);
+    let lease = if machine.holds_lease() {
+        LeaseAtEnd::Ours
+    } else {
+        LeaseAtEnd::Lost
+    };
     Ended {
         outcome: outcome(&machine, leader),
-        lease: if machine.holds_lease() {
-            LeaseAtEnd::Ours
-        } else {
-            LeaseAtEnd::Lost
-        },
+        lease,
     }
+}
+
+/// The lease timer could not be set. Without it nothing is sure to wake lockrun at
+/// the lease deadline, so the kill before expiry can no longer be guaranteed: fail
+/// closed. The machine answers [`Event::TimerFailed`] with SIGKILL at once (a lost
+/// lease: exit status 124, "lost" in the log); the lease itself is still ours, so it
+/// is released once the group is gone. A clean stop with the kill signal would need
+/// the very timer that failed to bound it, so SIGKILL it is.
+fn timer_failed(e: &std::io::Error) -> Event {
+    emit(
+        Level::Error,
+        LogEvent::Error,
+        &format!("cannot set the lease timer: {e}; stopping the command now"),
+        &[],
+    );
+    Event::TimerFailed
 }
 
 /// Turns a renewal's answer into an event for the machine.
@@ -132,24 +153,24 @@ fn on_signal(received: Received, group: &Group, leader: &mut Option<ChildExit>) 
 
 /// How the run ended, once the whole group is gone.
 fn outcome(machine: &Machine, leader: Option<ChildExit>) -> Outcome {
-    match (machine.stop_reason(), leader) {
-        (
-            Some(r @ (StopReason::LeaseLost | StopReason::LeaseExpiring | StopReason::MaxRuntime)),
-            _,
-        ) => {
-            let (event, outcome) = if r.is_loss() {
-                (LogEvent::Lost, Outcome::LockLost)
-            } else {
-                (LogEvent::MaxRuntime, Outcome::MaxRuntime)
-            };
-            let msg = format!("stopped the command: {}", r.describe());
-            emit(Level::Error, event, &msg, &[("reason", r.code().into())]);
-            outcome
+    // Every reason is named, so that a new one forces a decision here.
+    let stopped = match machine.stop_reason() {
+        Some(r @ (StopReason::LeaseLost | StopReason::LeaseExpiring | StopReason::TimerFailed)) => {
+            Some((r, LogEvent::Lost, Outcome::LockLost))
         }
-        (_, Some(ChildExit::Code(c))) => Outcome::Exited(c),
-        (_, Some(ChildExit::Signal(s))) => Outcome::Signaled(s),
+        Some(r @ StopReason::MaxRuntime) => Some((r, LogEvent::MaxRuntime, Outcome::MaxRuntime)),
+        Some(StopReason::Leftovers) | None => None,
+    };
+    if let Some((r, event, outcome)) = stopped {
+        let msg = format!("stopped the command: {}", r.describe());
+        emit(Level::Error, event, &msg, &[("reason", r.code().into())]);
+        return outcome;
+    }
+    match leader {
+        Some(ChildExit::Code(c)) => Outcome::Exited(c),
+        Some(ChildExit::Signal(s)) => Outcome::Signaled(s),
         // The loop only ends once the leader was reaped.
-        (_, None) => Outcome::LockLost,
+        None => Outcome::LockLost,
     }
 }
 
