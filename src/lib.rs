@@ -20,7 +20,8 @@
 //!   and the only `waitpid` in the program.
 //! - [`outcome`]: how a run ended and its exit status; [`metrics`]: the
 //!   `--metrics-file` written after every run; [`log`]: text or JSON lines on stderr;
-//!   [`admin`]: `status` and `release --force`; [`token`]: randomness.
+//!   [`admin`]: `status` and `release --force`; [`holder`]: how a lock's holder is
+//!   shown (unknown fields left out); [`token`]: randomness.
 //!
 //! `main.rs` only parses, builds a current-thread runtime (the thread that spawns the
 //! command must outlive it, for the parent-death signal) and calls [`main_with`].
@@ -30,6 +31,7 @@ pub mod backend;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod holder;
 pub mod lease;
 pub mod log;
 pub mod metrics;

@@ -10,6 +10,7 @@ use super::{fail, millis, ms, request_timeout};
 use crate::backend::{Acquire, AcquireRequest, Backend, Holder, Release};
 use crate::clock::BootInstant;
 use crate::config::RunConfig;
+use crate::holder::Known;
 use crate::lease::Params;
 use crate::log::{emit, Event, Level};
 use crate::outcome::Outcome;
@@ -138,21 +139,20 @@ pub(super) async fn abandon<B: Backend>(cfg: &RunConfig, backend: &B, token: &st
 }
 
 fn busy(cfg: &RunConfig, holder: &Holder, waited: Duration) -> Outcome {
-    let since = holder.since();
+    let known = Known::of(holder);
     emit(
         Level::Warn,
         Event::Busy,
         &format!(
-            "lock {:?} is held by {} pid {} since {since} ({} left); the command was not started",
+            "lock {:?} is {} ({} left); the command was not started",
             cfg.name.as_str(),
-            holder.host,
-            holder.pid,
-            ms(holder.ttl_left)
+            known.held(),
+            ms(known.ttl_left)
         ),
         &[
-            ("holder_host", holder.host.clone().into()),
-            ("holder_pid", holder.pid.into()),
-            ("fencing_token", holder.fencing_token.into()),
+            ("holder_host", known.host.into()),
+            ("holder_pid", known.pid.into()),
+            ("fencing_token", known.fencing_token.into()),
             ("wait_ms", millis(waited)),
         ],
     );
