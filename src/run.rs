@@ -21,6 +21,7 @@ use crate::metrics::RunReport;
 use crate::outcome::Outcome;
 use crate::supervisor::{Group, Signals, SpawnError};
 use acquire::{abandon, acquire};
+use policy::Taken;
 use supervise::supervise;
 
 /// The longest any single backend request may take, whatever the TTL.
@@ -63,38 +64,15 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
         Err(e) => return report(fail(&format!("cannot install signal handlers: {e}"))),
     };
     if let Err(e) = crate::supervisor::become_subreaper() {
-        emit(
-            Level::Warn,
-            Event::Subreaper,
-            &format!("cannot become a child subreaper ({e}): orphans of the command may escape"),
-            &[],
-        );
+        let msg =
+            format!("cannot become a child subreaper ({e}): orphans of the command may escape");
+        emit(Level::Warn, Event::Subreaper, &msg, &[]);
     }
-    let request = AcquireRequest {
-        token: crate::token::lock_token(),
-        ttl: cfg.ttl,
-        host: nix::unistd::gethostname()
-            .map_or_else(|_| "unknown".into(), |h| h.to_string_lossy().into_owned()),
-        pid: std::process::id(),
-    };
-    let taken = match acquire(cfg, backend, request, &mut signals).await {
+    let taken = match acquire(cfg, backend, request(cfg), &mut signals).await {
         Ok(t) => t,
         Err(outcome) => return report(outcome),
     };
-    emit(
-        Level::Info,
-        Event::Acquired,
-        &format!(
-            "acquired lock {:?} (fencing token {}) after {}",
-            cfg.name.as_str(),
-            taken.fencing_token,
-            ms(taken.waited)
-        ),
-        &[
-            ("fencing_token", taken.fencing_token.into()),
-            ("wait_ms", millis(taken.waited)),
-        ],
-    );
+    log_acquired(cfg, &taken);
     let env = [
         ("LOCKRUN_FENCING_TOKEN", taken.fencing_token.to_string()),
         ("LOCKRUN_LOCK_NAME", cfg.name.as_str().to_owned()),
@@ -117,21 +95,40 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
     if ended.lease == LeaseAtEnd::Ours {
         release(cfg, backend, &taken.token, hold).await;
     }
-    let fields = [
-        ("hold_ms", millis(hold)),
-        ("exit_code", ended.outcome.exit_code().into()),
-    ];
-    emit(
-        Level::Info,
-        Event::Finished,
-        &format!("finished with exit status {}", ended.outcome.exit_code()),
-        &fields,
-    );
+    let code = ended.outcome.exit_code();
+    let fields = [("hold_ms", millis(hold)), ("exit_code", code.into())];
+    let msg = format!("finished with exit status {code}");
+    emit(Level::Info, Event::Finished, &msg, &fields);
     RunReport {
         outcome: ended.outcome,
         waited: taken.waited,
         held: hold,
     }
+}
+
+/// The first acquire request: a fresh token, and who this is for `status`.
+fn request(cfg: &RunConfig) -> AcquireRequest {
+    AcquireRequest {
+        token: crate::token::lock_token(),
+        ttl: cfg.ttl,
+        host: nix::unistd::gethostname()
+            .map_or_else(|_| "unknown".into(), |h| h.to_string_lossy().into_owned()),
+        pid: std::process::id(),
+    }
+}
+
+fn log_acquired(cfg: &RunConfig, taken: &Taken) {
+    let msg = format!(
+        "acquired lock {:?} (fencing token {}) after {}",
+        cfg.name.as_str(),
+        taken.fencing_token,
+        ms(taken.waited)
+    );
+    let fields = [
+        ("fencing_token", taken.fencing_token.into()),
+        ("wait_ms", millis(taken.waited)),
+    ];
+    emit(Level::Info, Event::Acquired, &msg, &fields);
 }
 
 /// Logs a failure before the command started and returns [`Outcome::Failed`].

@@ -38,7 +38,6 @@ async fn acquire_with<B: Backend>(
     signals: &mut Signals,
     random: Random,
 ) -> Result<Taken, Outcome> {
-    let name = cfg.name.as_str();
     let terms = Terms {
         lease: Params::new(cfg.ttl, cfg.renew_every, cfg.kill_after),
         wait: cfg.wait,
@@ -47,42 +46,16 @@ async fn acquire_with<B: Backend>(
     };
     let mut policy = Policy::new(terms, request, random, BootInstant::now());
     loop {
-        let sent_at = BootInstant::now();
-        let attempt = tokio::time::timeout(
-            request_timeout(cfg.ttl),
-            backend.acquire(name, policy.request()),
-        );
-        let reply = tokio::select! {
-            r = attempt => match r {
-                Ok(Ok(Acquire::Acquired { fencing_token })) => Reply::Acquired { fencing_token, sent_at },
-                Ok(Ok(Acquire::Busy(holder))) => Reply::Busy(holder),
-                Ok(Err(e)) => Reply::Failed(e),
-                Err(_elapsed) => Reply::TimedOut,
-            },
-            sig = signals.recv_forwardable() => {
-                return Err(interrupted(cfg, backend, &policy, sig, "acquiring").await);
-            }
-        };
+        let reply = send(cfg, backend, &policy, signals).await?;
         match policy.on_reply(reply, BootInstant::now()) {
             Next::Take(taken) => return Ok(taken),
             Next::Wait {
                 holder,
                 for_at_most,
-            } => {
-                tokio::select! {
-                    r = backend.wait_for_release(name, &holder, for_at_most) => {
-                        if let Err(e) = r {
-                            emit(Level::Debug, Event::WaitError, &e.to_string(), &[]);
-                        }
-                    }
-                    sig = signals.recv_forwardable() => {
-                        return Err(interrupted(cfg, backend, &policy, sig, "waiting").await);
-                    }
-                }
-            }
+            } => wait(cfg, backend, &policy, signals, &holder, for_at_most).await?,
             Next::GiveUpBusy { holder, waited } => {
-                let _ = tokio::time::timeout(request_timeout(cfg.ttl), backend.stop_waiting(name))
-                    .await;
+                let stop = backend.stop_waiting(cfg.name.as_str());
+                let _ = tokio::time::timeout(request_timeout(cfg.ttl), stop).await;
                 return Err(busy(cfg, &holder, waited));
             }
             Next::Retry {
@@ -91,12 +64,8 @@ async fn acquire_with<B: Backend>(
                 error,
             } => {
                 abandon(cfg, backend, &old).await;
-                emit(
-                    Level::Warn,
-                    Event::AcquireFailed,
-                    &format!("{error}; retrying"),
-                    &[],
-                );
+                let msg = format!("{error}; retrying");
+                emit(Level::Warn, Event::AcquireFailed, &msg, &[]);
                 tokio::time::sleep(after).await;
             }
             Next::Fail {
@@ -108,6 +77,55 @@ async fn acquire_with<B: Backend>(
                 }
                 return Err(fail(&format!("{error}; the command was not started")));
             }
+        }
+    }
+}
+
+/// Sends one attempt, the policy's current request, within the request timeout. A
+/// signal meanwhile gives up.
+async fn send<B: Backend>(
+    cfg: &RunConfig,
+    backend: &B,
+    policy: &Policy,
+    signals: &mut Signals,
+) -> Result<Reply, Outcome> {
+    let sent_at = BootInstant::now();
+    let attempt = tokio::time::timeout(
+        request_timeout(cfg.ttl),
+        backend.acquire(cfg.name.as_str(), policy.request()),
+    );
+    tokio::select! {
+        r = attempt => Ok(match r {
+            Ok(Ok(Acquire::Acquired { fencing_token })) => Reply::Acquired { fencing_token, sent_at },
+            Ok(Ok(Acquire::Busy(holder))) => Reply::Busy(holder),
+            Ok(Err(e)) => Reply::Failed(e),
+            Err(_elapsed) => Reply::TimedOut,
+        }),
+        sig = signals.recv_forwardable() => {
+            Err(interrupted(cfg, backend, policy, sig, "acquiring").await)
+        }
+    }
+}
+
+/// Waits for a busy lock's release (or expiry), at most `for_at_most`. A signal
+/// meanwhile gives up.
+async fn wait<B: Backend>(
+    cfg: &RunConfig,
+    backend: &B,
+    policy: &Policy,
+    signals: &mut Signals,
+    holder: &Holder,
+    for_at_most: Duration,
+) -> Result<(), Outcome> {
+    tokio::select! {
+        r = backend.wait_for_release(cfg.name.as_str(), holder, for_at_most) => {
+            if let Err(e) = r {
+                emit(Level::Debug, Event::WaitError, &e.to_string(), &[]);
+            }
+            Ok(())
+        }
+        sig = signals.recv_forwardable() => {
+            Err(interrupted(cfg, backend, policy, sig, "waiting").await)
         }
     }
 }

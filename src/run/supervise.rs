@@ -31,7 +31,6 @@ pub(super) async fn supervise<B: Backend>(
     taken: &Taken,
     mut timer: Timer,
 ) -> Ended {
-    let name = cfg.name.as_str();
     let params = Params::new(cfg.ttl, cfg.renew_every, cfg.kill_after);
     let mut machine = Machine::new(params, taken.sent_at, BootInstant::now(), cfg.max_runtime);
     let mut renewal: Option<Renewal<'_>> = None;
@@ -43,21 +42,19 @@ pub(super) async fn supervise<B: Backend>(
         if leader.is_some() && group.is_empty() {
             break;
         }
-        let event = match timer.set(machine.next_wakeup()) {
-            Err(e) if !matches!(machine.stop(), Stop::Killed { .. }) => Some(timer_failed(&e)),
-            // Once the group has had SIGKILL nothing is left to guard (a broken timer
-            // included): wait for its end as usual.
-            _ => tokio::select! {
+        let event = match arm(&mut timer, &machine) {
+            Some(failed) => Some(failed),
+            None => tokio::select! {
                 biased;
-            _ = timer.fired() => Some(Event::Tick),
-            r = async { renewal.as_mut().expect("guarded").await }, if renewal.is_some() => {
-                renewal = None;
-                Some(renewal_event(r, &mut failures, &cfg.backend.display))
-            }
-            received = signals.recv() => on_signal(received, group, &mut leader),
-            // While leftovers drain, look for an empty group now and then: the last
-            // one may have been a grandchild reaped by its own parent.
-            _ = tokio::time::sleep(Duration::from_millis(50)), if leader.is_some() => None,
+                _ = timer.fired() => Some(Event::Tick),
+                r = async { renewal.as_mut().expect("guarded").await }, if renewal.is_some() => {
+                    renewal = None;
+                    Some(renewal_event(r, &mut failures, &cfg.backend.display))
+                }
+                received = signals.recv() => on_signal(received, group, &mut leader),
+                // While leftovers drain, look for an empty group now and then: the last
+                // one may have been a grandchild reaped by its own parent.
+                _ = tokio::time::sleep(Duration::from_millis(50)), if leader.is_some() => None,
             },
         };
         let now = BootInstant::now();
@@ -69,11 +66,10 @@ pub(super) async fn supervise<B: Backend>(
             renewal = None;
         }
         if actions.renew {
+            // Past the deadline an answer is useless: the request is abandoned there.
             let timeout = request_timeout(cfg.ttl).min(machine.renew_timeout(now));
-            renewal = Some(Box::pin(tokio::time::timeout(
-                timeout,
-                backend.renew(name, &taken.token, cfg.ttl),
-            )));
+            let renew = backend.renew(cfg.name.as_str(), &taken.token, cfg.ttl);
+            renewal = Some(Box::pin(tokio::time::timeout(timeout, renew)));
         }
     }
     drop(renewal);
@@ -88,20 +84,22 @@ pub(super) async fn supervise<B: Backend>(
     }
 }
 
-/// The lease timer could not be set. Without it nothing is sure to wake lockrun at
-/// the lease deadline, so the kill before expiry can no longer be guaranteed: fail
-/// closed. The machine answers [`Event::TimerFailed`] with SIGKILL at once (a lost
-/// lease: exit status 124, "lost" in the log); the lease itself is still ours, so it
-/// is released once the group is gone. A clean stop with the kill signal would need
-/// the very timer that failed to bound it, so SIGKILL it is.
-fn timer_failed(e: &std::io::Error) -> Event {
-    emit(
-        Level::Error,
-        LogEvent::Error,
-        &format!("cannot set the lease timer: {e}; stopping the command now"),
-        &[],
-    );
-    Event::TimerFailed
+/// Sets the lease timer to the machine's next wake-up. If it cannot be set, nothing
+/// is sure to wake lockrun at the lease deadline, so the kill before expiry can no
+/// longer be guaranteed: fail closed, with [`Event::TimerFailed`], which the machine
+/// answers with SIGKILL at once (a lost lease: exit status 124, "lost" in the log). A
+/// clean stop with the kill signal would need the very timer that failed to bound
+/// it. The lease itself is left alone: while still ours it is released once the
+/// group is gone. Once the group has had SIGKILL nothing is left to guard, and the
+/// driver waits for its end as usual.
+fn arm(timer: &mut Timer, machine: &Machine) -> Option<Event> {
+    let e = timer.set(machine.next_wakeup()).err()?;
+    if matches!(machine.stop(), Stop::Killed { .. }) {
+        return None;
+    }
+    let msg = format!("cannot set the lease timer: {e}; stopping the command now");
+    emit(Level::Error, LogEvent::Error, &msg, &[]);
+    Some(Event::TimerFailed)
 }
 
 /// Turns a renewal's answer into an event for the machine.
