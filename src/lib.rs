@@ -11,11 +11,11 @@
 //!   Redis servers), [`backend::postgres`] (a lease row) and [`backend::etcd`] (a lease).
 //! - [`run`]: the async driver. It acquires (`run/acquire.rs` carries out what the
 //!   pure acquire policy `run/policy.rs` decides: take, wait, retry with a new token,
-//!   give up), spawns the command through [`supervisor`], then (`run/supervise.rs`) feeds timer
-//!   ticks ([`clock`], on `CLOCK_BOOTTIME`), renewal replies and child exits into the
-//!   pure lease machine [`lease`], and carries out what it decides: renew, send the
-//!   kill signal, SIGKILL. When the command's whole process group is gone, it releases
-//!   the lock.
+//!   give up), spawns the command through [`supervisor`], then (`run/supervise.rs`)
+//!   feeds timer ticks ([`clock`]: a [`clock::BootInstant`] on `CLOCK_BOOTTIME`),
+//!   renewal replies and child exits into the pure lease machine [`lease`], and
+//!   carries out what it decides: renew, send the kill signal, SIGKILL. When the
+//!   command's whole process group is gone, it releases the lock.
 //! - [`supervisor`]: process group, parent-death signal, subreaper, signal forwarding
 //!   and the only `waitpid` in the program.
 //! - [`outcome`]: how a run ended and its exit status; [`metrics`]: the
