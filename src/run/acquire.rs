@@ -3,6 +3,7 @@
 //! retry, gives back the tokens the policy abandons, and gives up when a signal
 //! arrives; every decision is the policy's. Part of [`crate::run`].
 
+use std::future::Future;
 use std::time::Duration;
 
 use super::policy::{Next, Policy, Random, Reply, Taken, Terms};
@@ -94,17 +95,16 @@ async fn send<B: Backend>(
         request_timeout(cfg.ttl),
         backend.acquire(cfg.name.as_str(), policy.request()),
     );
-    tokio::select! {
-        r = attempt => Ok(match r {
-            Ok(Ok(Acquire::Acquired { fencing_token })) => Reply::Acquired { fencing_token, sent_at },
-            Ok(Ok(Acquire::Busy(holder))) => Reply::Busy(holder),
-            Ok(Err(e)) => Reply::Failed(e),
-            Err(_elapsed) => Reply::TimedOut,
-        }),
-        sig = signals.recv_forwardable() => {
-            Err(interrupted(cfg, backend, policy, sig, "acquiring").await)
-        }
-    }
+    let answer = unless_signalled(cfg, backend, policy, signals, "acquiring", attempt).await?;
+    Ok(match answer {
+        Ok(Ok(Acquire::Acquired { fencing_token })) => Reply::Acquired {
+            fencing_token,
+            sent_at,
+        },
+        Ok(Ok(Acquire::Busy(holder))) => Reply::Busy(holder),
+        Ok(Err(e)) => Reply::Failed(e),
+        Err(_elapsed) => Reply::TimedOut,
+    })
 }
 
 /// Waits for a busy lock's release (or expiry), at most `for_at_most`. A signal
@@ -117,31 +117,33 @@ async fn wait<B: Backend>(
     holder: &Holder,
     for_at_most: Duration,
 ) -> Result<(), Outcome> {
-    tokio::select! {
-        r = backend.wait_for_release(cfg.name.as_str(), holder, for_at_most) => {
-            if let Err(e) = r {
-                emit(Level::Debug, Event::WaitError, &e.to_string(), &[]);
-            }
-            Ok(())
-        }
-        sig = signals.recv_forwardable() => {
-            Err(interrupted(cfg, backend, policy, sig, "waiting").await)
-        }
+    let waiting = backend.wait_for_release(cfg.name.as_str(), holder, for_at_most);
+    if let Err(e) = unless_signalled(cfg, backend, policy, signals, "waiting", waiting).await? {
+        emit(Level::Debug, Event::WaitError, &e.to_string(), &[]);
     }
+    Ok(())
 }
 
-/// Gives up on a signal, giving back whatever the current attempt may have taken.
-async fn interrupted<B: Backend>(
+/// Runs `step` (`doing` something) unless a signal to forward comes first: then gives
+/// up with [`Outcome::Interrupted`], after giving back whatever the current attempt
+/// may have taken.
+async fn unless_signalled<B: Backend, T>(
     cfg: &RunConfig,
     backend: &B,
     policy: &Policy,
-    sig: nix::sys::signal::Signal,
+    signals: &mut Signals,
     doing: &str,
-) -> Outcome {
-    abandon(cfg, backend, &policy.request().token).await;
-    let msg = format!("interrupted by {sig} while {doing}; the command was not started");
-    emit(Level::Error, Event::Interrupted, &msg, &[]);
-    Outcome::Interrupted(sig as i32)
+    step: impl Future<Output = T>,
+) -> Result<T, Outcome> {
+    tokio::select! {
+        r = step => Ok(r),
+        sig = signals.recv_forwardable() => {
+            abandon(cfg, backend, &policy.request().token).await;
+            let msg = format!("interrupted by {sig} while {doing}; the command was not started");
+            emit(Level::Error, Event::Interrupted, &msg, &[]);
+            Err(Outcome::Interrupted(sig as i32))
+        }
+    }
 }
 
 /// Best-effort cleanup when giving up: leave the queue and delete the lock if (and

@@ -237,4 +237,4 @@ impl Policy {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

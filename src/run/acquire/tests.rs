@@ -3,13 +3,13 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use clap::Parser;
 
 use super::*;
 use crate::backend::BackendError;
 use crate::cli::{Cli, Command};
+use crate::run::policy::tests::{counted_token, holder};
 
 /// A backend that answers acquires from a script (`None`: never answers) and records
 /// the tokens it was sent.
@@ -85,11 +85,6 @@ fn request() -> AcquireRequest {
     }
 }
 
-fn counted_token() -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!("token-{}", NEXT.fetch_add(1, Ordering::Relaxed))
-}
-
 /// Retries 100 ms after a failure.
 const FIXED: Random = Random {
     token: counted_token,
@@ -99,16 +94,6 @@ const FIXED: Random = Random {
 async fn run_acquire(cfg: &RunConfig, backend: &Scripted) -> Result<Taken, Outcome> {
     let mut signals = Signals::install().unwrap();
     acquire_with(cfg, backend, request(), &mut signals, FIXED).await
-}
-
-fn holder() -> Holder {
-    Holder {
-        host: "there".into(),
-        pid: 7,
-        since_ms: 1,
-        fencing_token: 3,
-        ttl_left: Duration::from_secs(1),
-    }
 }
 
 /// Regression (found by the soak): after an error and after a timeout, the attempt's

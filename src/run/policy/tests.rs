@@ -12,8 +12,8 @@ fn at(ms: u64) -> BootInstant {
     BootInstant::from_since_boot(Duration::from_millis(ms))
 }
 
-/// Distinct tokens, as the OS generator gives.
-fn counted_token() -> String {
+/// Distinct tokens, as the OS generator gives (also for the driver's tests).
+pub(in crate::run) fn counted_token() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     format!("token-{}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
@@ -47,7 +47,8 @@ fn policy() -> Policy {
     policy_waiting(10_000 * MS)
 }
 
-fn holder() -> Holder {
+/// Someone else holding the lock (also for the driver's tests).
+pub(in crate::run) fn holder() -> Holder {
     Holder {
         host: "there".into(),
         pid: 7,
