@@ -1,11 +1,11 @@
-//! `lockrun status` and `lockrun release --force`: look at a lock, or break it.
+//! `lockrun status` and `lockrun release --force`: look at a lock, or break it. The
+//! holder is shown by [`crate::holder`].
 
 use std::time::Duration;
 
-use serde_json::json;
-
-use crate::backend::{Backend, Holder};
-use crate::log::{emit, Level};
+use crate::backend::Backend;
+use crate::holder::{status_json, Known};
+use crate::log::{emit, Event, Level};
 
 /// The timeout of each request of these commands.
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -18,18 +18,8 @@ pub async fn status<B: Backend>(backend: &B, name: &str, as_json: bool) -> u8 {
         Err(_) => return error("the backend did not answer within 5s"),
     };
     let line = match (&holder, as_json) {
-        (Some(h), true) => json!({
-            "name": name, "held": true, "fencing_token": h.fencing_token,
-            "ttl_ms": h.ttl_left.as_millis() as u64, "host": h.host, "pid": h.pid,
-            "since": h.since(), "since_ms": h.since_ms,
-        })
-        .to_string(),
-        (None, true) => json!({
-            "name": name, "held": false, "fencing_token": null, "ttl_ms": null,
-            "host": null, "pid": null, "since": null, "since_ms": null,
-        })
-        .to_string(),
-        (Some(h), false) => format!("{name}: held by {}", describe(h)),
+        (_, true) => status_json(name, holder.as_ref()).to_string(),
+        (Some(h), false) => format!("{name}: {}", Known::of(h).summary()),
         (None, false) => format!("{name}: free"),
     };
     println!("{line}");
@@ -44,14 +34,15 @@ pub async fn status<B: Backend>(backend: &B, name: &str, as_json: bool) -> u8 {
 pub async fn force_release<B: Backend>(backend: &B, name: &str) -> u8 {
     match tokio::time::timeout(TIMEOUT, backend.force_release(name)).await {
         Ok(Ok(Some(h))) => {
+            let known = Known::of(&h);
             emit(
                 Level::Warn,
-                "force_released",
-                &format!("broke lock {name:?}, which was held by {}", describe(&h)),
+                Event::ForceReleased,
+                &format!("broke lock {name:?}, which was {}", known.summary()),
                 &[
-                    ("holder_host", h.host.clone().into()),
-                    ("holder_pid", h.pid.into()),
-                    ("fencing_token", h.fencing_token.into()),
+                    ("holder_host", known.host.into()),
+                    ("holder_pid", known.pid.into()),
+                    ("fencing_token", known.fencing_token.into()),
                 ],
             );
             0
@@ -59,7 +50,7 @@ pub async fn force_release<B: Backend>(backend: &B, name: &str) -> u8 {
         Ok(Ok(None)) => {
             emit(
                 Level::Warn,
-                "force_released",
+                Event::ForceReleased,
                 &format!("lock {name:?} was not held; nothing to break"),
                 &[],
             );
@@ -71,17 +62,6 @@ pub async fn force_release<B: Backend>(backend: &B, name: &str) -> u8 {
 }
 
 fn error(msg: &str) -> u8 {
-    emit(Level::Error, "error", msg, &[]);
+    emit(Level::Error, Event::Error, msg, &[]);
     125
-}
-
-fn describe(h: &Holder) -> String {
-    format!(
-        "{} pid {} since {}, fencing token {}, {} left",
-        h.host,
-        h.pid,
-        h.since(),
-        h.fencing_token,
-        crate::run::ms(h.ttl_left)
-    )
 }

@@ -3,8 +3,10 @@
 //!
 //! `CLOCK_MONOTONIC` (tokio's clock) stops during suspend, so a lease measured with it
 //! would look longer than the server's TTL after a resume. Every deadline in
-//! [`crate::lease`] is an [`Instant`] of this clock; [`Timer`] wakes the driver when
-//! the earliest one is due, and fires at once after a resume if it was passed meanwhile.
+//! [`crate::lease`] is a [`BootInstant`] of this clock; [`Timer`] wakes the driver
+//! when the earliest one is due, and fires at once after a resume if it was passed
+//! meanwhile. The type is named apart from `std`'s and tokio's `Instant` (both on
+//! `CLOCK_MONOTONIC`) so that the two clocks cannot be mixed by an import.
 //! Depends on nothing else in the crate.
 
 use std::io;
@@ -19,40 +21,40 @@ use tokio::io::unix::AsyncFd;
 
 /// A point in time on `CLOCK_BOOTTIME`: time since boot, suspend included.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Instant(Duration);
+pub struct BootInstant(Duration);
 
-impl Instant {
+impl BootInstant {
     /// The current time.
-    pub fn now() -> Instant {
+    pub fn now() -> BootInstant {
         // CLOCK_BOOTTIME cannot fail on Linux ≥ 2.6.39; fall back to zero rather than
         // panic, which only makes every deadline look already passed (fail closed).
         let ts = clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
             .unwrap_or_else(|_| TimeSpec::new(0, 0));
-        Instant(Duration::from(ts))
+        BootInstant(Duration::from(ts))
     }
 
     /// An instant at `since_boot` (for tests of the pure state machines).
-    pub const fn from_since_boot(since_boot: Duration) -> Instant {
-        Instant(since_boot)
+    pub const fn from_since_boot(since_boot: Duration) -> BootInstant {
+        BootInstant(since_boot)
     }
 
     /// Time from `earlier` to `self`, zero if `earlier` is later.
-    pub fn saturating_since(self, earlier: Instant) -> Duration {
+    pub fn saturating_since(self, earlier: BootInstant) -> Duration {
         self.0.saturating_sub(earlier.0)
     }
 }
 
-impl Add<Duration> for Instant {
-    type Output = Instant;
-    fn add(self, d: Duration) -> Instant {
-        Instant(self.0.saturating_add(d))
+impl Add<Duration> for BootInstant {
+    type Output = BootInstant;
+    fn add(self, d: Duration) -> BootInstant {
+        BootInstant(self.0.saturating_add(d))
     }
 }
 
-impl Sub<Duration> for Instant {
-    type Output = Instant;
-    fn sub(self, d: Duration) -> Instant {
-        Instant(self.0.saturating_sub(d))
+impl Sub<Duration> for BootInstant {
+    type Output = BootInstant;
+    fn sub(self, d: Duration) -> BootInstant {
+        BootInstant(self.0.saturating_sub(d))
     }
 }
 
@@ -86,7 +88,7 @@ impl Timer {
     }
 
     /// Arms the timer to fire at `at` (at once if `at` has passed), or disarms it.
-    pub fn set(&mut self, at: Option<Instant>) -> io::Result<()> {
+    pub fn set(&mut self, at: Option<BootInstant>) -> io::Result<()> {
         match at {
             Some(at) => {
                 // A zero it_value would disarm the timer: never ask for time zero.
@@ -138,10 +140,10 @@ mod tests {
 
     #[test]
     fn instant_arithmetic_saturates() {
-        let t = Instant::from_since_boot(Duration::from_secs(5));
+        let t = BootInstant::from_since_boot(Duration::from_secs(5));
         assert_eq!(
             t - Duration::from_secs(10),
-            Instant::from_since_boot(Duration::ZERO)
+            BootInstant::from_since_boot(Duration::ZERO)
         );
         assert_eq!(
             (t + Duration::from_secs(1)).saturating_since(t),
@@ -155,18 +157,18 @@ mod tests {
 
     #[test]
     fn now_is_monotonic() {
-        let a = Instant::now();
-        let b = Instant::now();
+        let a = BootInstant::now();
+        let b = BootInstant::now();
         assert!(b >= a);
     }
 
     #[tokio::test(flavor = "current_thread")]
     async fn timer_fires_at_the_armed_instant_and_at_once_when_past() {
         let mut timer = Timer::new().unwrap();
-        let start = Instant::now();
+        let start = BootInstant::now();
         timer.set(Some(start + Duration::from_millis(30))).unwrap();
         timer.fired().await.unwrap();
-        assert!(Instant::now().saturating_since(start) >= Duration::from_millis(30));
+        assert!(BootInstant::now().saturating_since(start) >= Duration::from_millis(30));
 
         timer.set(Some(start)).unwrap();
         tokio::time::timeout(Duration::from_secs(5), timer.fired())
@@ -178,7 +180,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn disarmed_timer_never_fires() {
         let mut timer = Timer::new().unwrap();
-        timer.set(Some(Instant::now())).unwrap();
+        timer.set(Some(BootInstant::now())).unwrap();
         timer.set(None).unwrap();
         let r = tokio::time::timeout(Duration::from_millis(50), timer.fired()).await;
         assert!(r.is_err());

@@ -1,7 +1,7 @@
 //! The lease and the stopping of the command, as a pure state machine.
 //!
 //! No tokio, no I/O, no clock reads: [`Machine::step`] takes an [`Event`] and the
-//! current [`Instant`] and says what to do ([`Actions`]); [`Machine::next_wakeup`] says
+//! current [`BootInstant`] and says what to do ([`Actions`]); [`Machine::next_wakeup`] says
 //! when it next needs a [`Event::Tick`]. The driver in [`crate::run`] feeds it timer
 //! ticks and backend replies and carries out the actions. Everything that decides when
 //! the command is renewed, warned and killed lives here, so it can be tested
@@ -16,10 +16,16 @@
 //! - Transient renewal errors are retried while the lease is valid; the kill signal
 //!   goes out a grace period before the deadline so the command can stop cleanly.
 //! - A definite loss (the key is gone or holds another token) stops the command at once.
+//! - Without its timer (it could not be set) nothing is sure to wake lockrun at the
+//!   deadline, so the group gets SIGKILL at once: fail closed.
+
+mod params;
 
 use std::time::Duration;
 
-use crate::clock::Instant;
+pub use params::Params;
+
+use crate::clock::BootInstant;
 
 /// Why lockrun is stopping the command's process group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,13 +38,16 @@ pub enum StopReason {
     MaxRuntime,
     /// The command exited but left processes running in its group.
     Leftovers,
+    /// The lease timer could not be set: the kill before the deadline could no longer
+    /// be guaranteed.
+    TimerFailed,
 }
 
 impl StopReason {
     /// True when the lock was lost (exit status 124 with a "lost" log line).
     pub fn is_loss(self) -> bool {
         match self {
-            StopReason::LeaseLost | StopReason::LeaseExpiring => true,
+            StopReason::LeaseLost | StopReason::LeaseExpiring | StopReason::TimerFailed => true,
             StopReason::MaxRuntime | StopReason::Leftovers => false,
         }
     }
@@ -50,6 +59,7 @@ impl StopReason {
             StopReason::LeaseExpiring => "lease_expiring",
             StopReason::MaxRuntime => "max_runtime",
             StopReason::Leftovers => "leftovers",
+            StopReason::TimerFailed => "timer_failed",
         }
     }
 
@@ -60,54 +70,10 @@ impl StopReason {
             StopReason::LeaseExpiring => "the lease could not be renewed before it expired",
             StopReason::MaxRuntime => "--max-runtime was reached",
             StopReason::Leftovers => "the command exited and left processes in its group",
+            StopReason::TimerFailed => {
+                "the lease timer could not be set, so the kill before the lease expires could not be guaranteed"
+            }
         }
-    }
-}
-
-/// Fixed timings of one run, derived from the configuration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Params {
-    /// The lease length asked of the backend.
-    pub ttl: Duration,
-    /// Time between renewals while all goes well.
-    pub renew_every: Duration,
-    /// Time between renewal attempts after a transient failure.
-    pub retry_every: Duration,
-    /// Grace between the kill signal and SIGKILL.
-    pub kill_after: Duration,
-    /// Taken off every deadline: server and host clocks may run at slightly
-    /// different rates, and lockrun's own timer may wake a little late on a busy
-    /// machine.
-    pub drift: Duration,
-}
-
-impl Params {
-    /// Timings for a lease of `ttl` renewed every `renew_every`, with `kill_after` of
-    /// grace: drift is 1% of the TTL (Redlock's clock-rate allowance) plus 50 ms for
-    /// the time between a timer's expiry and the SIGKILL on a loaded host, at most a
-    /// quarter of the TTL; retries come four
-    /// times per renewal period (at most once a second, at least every 10 ms).
-    pub fn new(ttl: Duration, renew_every: Duration, kill_after: Duration) -> Params {
-        Params {
-            ttl,
-            renew_every,
-            retry_every: (renew_every / 4).clamp(Duration::from_millis(10), Duration::from_secs(1)),
-            kill_after,
-            drift: (ttl / 100 + Duration::from_millis(50)).min(ttl / 4),
-        }
-    }
-
-    /// The local deadline of a lease whose request was sent at `sent_at`.
-    pub fn deadline_from(&self, sent_at: Instant) -> Instant {
-        sent_at + self.ttl.saturating_sub(self.drift)
-    }
-
-    /// How long before the deadline the kill signal is sent when renewals fail: the
-    /// kill-after grace, but never more than half the time between the last missed
-    /// renewal and the deadline, so that transient errors get retried first.
-    pub fn grace(&self) -> Duration {
-        self.kill_after
-            .min(self.ttl.saturating_sub(self.renew_every) / 2)
     }
 }
 
@@ -118,17 +84,17 @@ pub enum Lease {
     /// the renewal in flight.
     Held {
         /// SIGKILL is due at this instant at the latest.
-        deadline: Instant,
+        deadline: BootInstant,
         /// When the next renewal goes out.
-        next_renew: Instant,
+        next_renew: BootInstant,
         /// Send time of the renewal in flight, if any.
-        renewing: Option<Instant>,
+        renewing: Option<BootInstant>,
     },
     /// The backend said it is no longer ours; `deadline` is the last one known,
     /// which still bounds SIGKILL.
     Lost {
         /// The deadline the lease had when it was found lost.
-        deadline: Instant,
+        deadline: BootInstant,
     },
     /// The deadline passed without a successful renewal: it may be someone else's.
     Expired,
@@ -144,7 +110,7 @@ pub enum Stop {
         /// Why the group is being stopped.
         reason: StopReason,
         /// When SIGKILL is due.
-        kill_at: Instant,
+        kill_at: BootInstant,
     },
     /// SIGKILL was sent.
     Killed {
@@ -166,6 +132,9 @@ pub enum Event {
     RenewLost,
     /// The command (the group leader) exited, and its group still has processes.
     CommandExited,
+    /// The driver could not set its timer to [`Machine::next_wakeup`]: nothing is sure
+    /// to deliver the next [`Event::Tick`] in time.
+    TimerFailed,
 }
 
 /// A signal for the whole process group.
@@ -192,7 +161,7 @@ pub struct Machine {
     params: Params,
     lease: Lease,
     stop: Stop,
-    max_runtime_at: Option<Instant>,
+    max_runtime_at: Option<BootInstant>,
 }
 
 impl Machine {
@@ -200,8 +169,8 @@ impl Machine {
     /// with the command started at `started_at`.
     pub fn new(
         params: Params,
-        acquire_sent_at: Instant,
-        started_at: Instant,
+        acquire_sent_at: BootInstant,
+        started_at: BootInstant,
         max_runtime: Option<Duration>,
     ) -> Machine {
         Machine {
@@ -244,7 +213,7 @@ impl Machine {
 
     /// The latest time a renewal request sent at `now` may wait for its answer: past
     /// the deadline an answer is useless, so the request is abandoned there.
-    pub fn renew_timeout(&self, now: Instant) -> Duration {
+    pub fn renew_timeout(&self, now: BootInstant) -> Duration {
         match self.lease {
             Lease::Held { deadline, .. } => deadline.saturating_since(now),
             Lease::Lost { .. } | Lease::Expired => Duration::ZERO,
@@ -252,9 +221,9 @@ impl Machine {
     }
 
     /// When the driver must next deliver a [`Event::Tick`], if ever.
-    pub fn next_wakeup(&self) -> Option<Instant> {
-        let mut at: Option<Instant> = None;
-        let mut consider = |t: Instant| at = Some(at.map_or(t, |a| a.min(t)));
+    pub fn next_wakeup(&self) -> Option<BootInstant> {
+        let mut at: Option<BootInstant> = None;
+        let mut consider = |t: BootInstant| at = Some(at.map_or(t, |a| a.min(t)));
         if let Lease::Held {
             deadline,
             next_renew,
@@ -282,7 +251,7 @@ impl Machine {
     }
 
     /// Applies `event` at time `now`, returning what to do.
-    pub fn step(&mut self, event: Event, now: Instant) -> Actions {
+    pub fn step(&mut self, event: Event, now: BootInstant) -> Actions {
         self.lease = self.next_lease(event, now);
         let mut actions = Actions {
             signal: self.next_stop(event, now),
@@ -308,7 +277,7 @@ impl Machine {
 
     /// The lease after `event`: renewal replies move the deadline, and a deadline
     /// reached turns it to [`Lease::Expired`].
-    fn next_lease(&self, event: Event, now: Instant) -> Lease {
+    fn next_lease(&self, event: Event, now: BootInstant) -> Lease {
         let p = &self.params;
         let lease = match (self.lease, event) {
             (
@@ -350,7 +319,10 @@ impl Machine {
                 held @ Lease::Held { renewing: None, .. },
                 Event::RenewOk | Event::RenewFailed | Event::RenewLost,
             ) => held,
-            (held @ Lease::Held { .. }, Event::Tick | Event::CommandExited) => held,
+            (
+                held @ Lease::Held { .. },
+                Event::Tick | Event::CommandExited | Event::TimerFailed,
+            ) => held,
             (lost @ Lease::Lost { .. }, _) => lost,
             (Lease::Expired, _) => Lease::Expired,
         };
@@ -365,7 +337,10 @@ impl Machine {
     }
 
     /// The stop state after `event`, and the signal to send, if any.
-    fn next_stop(&mut self, event: Event, now: Instant) -> Option<GroupSignal> {
+    fn next_stop(&mut self, event: Event, now: BootInstant) -> Option<GroupSignal> {
+        if event == Event::TimerFailed {
+            return self.kill_now();
+        }
         let p = self.params;
         let (stop, signal) = match self.stop {
             Stop::Running => {
@@ -416,8 +391,22 @@ impl Machine {
         self.stop = stop;
         signal
     }
+
+    /// Fails closed when the timer is gone: SIGKILL now, whatever the stop state
+    /// (unless it was sent already). The lease itself is not touched: while it is
+    /// held it is renewed on the driver's other wake-ups and released at the end.
+    fn kill_now(&mut self) -> Option<GroupSignal> {
+        let reason = match (self.stop, self.lease) {
+            (Stop::Killed { .. }, _) => return None,
+            (Stop::Terminating { reason, .. }, _) => reason,
+            (Stop::Running, Lease::Held { .. }) => StopReason::TimerFailed,
+            (Stop::Running, Lease::Lost { .. }) => StopReason::LeaseLost,
+            (Stop::Running, Lease::Expired) => StopReason::LeaseExpiring,
+        };
+        self.stop = Stop::Killed { reason };
+        Some(GroupSignal::Kill(reason))
+    }
 }
 
 #[cfg(test)]
-#[path = "lease_tests.rs"]
 mod tests;

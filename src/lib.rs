@@ -9,26 +9,32 @@
 //!   with typed results, and [`backend::AnyBackend`] choosing one: [`backend::redis`]
 //!   (one Lua script a step; also behind Sentinel), [`backend::redlock`] (a quorum of
 //!   Redis servers), [`backend::postgres`] (a lease row) and [`backend::etcd`] (a lease).
-//! - [`run`]: the async driver. It acquires (`run/acquire.rs`: waiting if asked),
-//!   spawns the command through [`supervisor`], then (`run/supervise.rs`) feeds timer
-//!   ticks ([`clock`], on `CLOCK_BOOTTIME`), renewal replies and child exits into the
-//!   pure lease machine [`lease`], and carries out what it decides: renew, send the
-//!   kill signal, SIGKILL. When the command's whole process group is gone, it releases
-//!   the lock.
+//! - [`run`]: the async driver. It acquires (`run/acquire.rs` carries out what the
+//!   pure acquire policy `run/policy.rs` decides: take, wait, retry with a new token,
+//!   give up), spawns the command through [`supervisor`], then (`run/supervise.rs`)
+//!   feeds timer ticks ([`clock`]: a [`clock::BootInstant`] on `CLOCK_BOOTTIME`),
+//!   renewal replies and child exits into the pure lease machine [`lease`], and
+//!   carries out what it decides: renew, send the kill signal, SIGKILL. When the
+//!   command's whole process group is gone, it releases the lock.
 //! - [`supervisor`]: process group, parent-death signal, subreaper, signal forwarding
 //!   and the only `waitpid` in the program.
 //! - [`outcome`]: how a run ended and its exit status; [`metrics`]: the
 //!   `--metrics-file` written after every run; [`log`]: text or JSON lines on stderr;
-//!   [`admin`]: `status` and `release --force`; [`token`]: randomness.
+//!   [`admin`]: `status` and `release --force`; [`holder`]: how a lock's holder is
+//!   shown (unknown fields left out); [`token`]: randomness.
 //!
-//! `main.rs` only parses, builds a current-thread runtime (the thread that spawns the
-//! command must outlive it, for the parent-death signal) and calls [`main_with`].
+//! `main.rs` only calls [`main_with`], which parses, builds a current-thread runtime
+//! (the thread that spawns the command must outlive it, for the parent-death signal)
+//! and dispatches. Errors are typed in the library; only the setup steps of the
+//! dispatch (the runtime, the checked configuration of `status` and `release`) use
+//! `anyhow`, with context, and such an error is printed once, as `lockrun: {err:#}`.
 
 pub mod admin;
 pub mod backend;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod holder;
 pub mod lease;
 pub mod log;
 pub mod metrics;
@@ -40,6 +46,7 @@ pub mod token;
 use std::ffi::OsString;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::Parser;
 
 use crate::backend::AnyBackend;
@@ -55,17 +62,26 @@ pub fn main_with(args: Vec<OsString>) -> u8 {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e, &args),
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    match dispatch(cli) {
+        Ok(code) => code,
+        // The one place a setup error is printed (through the logger, so that it is a
+        // JSON line with `--log-format json`): the whole chain, on one line.
+        Err(err) => run::fail(&format!("{err:#}")).exit_code(),
+    }
+}
+
+/// Runs the parsed command line. `Err` is a setup step that failed before anything
+/// was done (exit status 125); what happens later is in the returned status.
+fn dispatch(cli: Cli) -> anyhow::Result<u8> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => return run::fail(&format!("cannot start the async runtime: {e}")).exit_code(),
-    };
+        .context("cannot start the async runtime")?;
     let password = std::env::var("LOCKRUN_PASSWORD").ok();
     match cli.command {
         Command::Run(args) => {
             install_logger(&args.log, &args.name);
+            // Not a setup error: a run that cannot start still writes its metrics.
             let report = match RunConfig::from_args(&args, password) {
                 Ok(cfg) => {
                     let backend = AnyBackend::open(&cfg.backend, !cfg.wait.is_zero());
@@ -80,24 +96,20 @@ pub fn main_with(args: Vec<OsString>) -> u8 {
             if let Some(path) = &args.metrics_file {
                 if let Err(e) = metrics::write(path, &args.name, &report) {
                     let msg = format!("cannot write the metrics file {}: {e}", path.display());
-                    log::emit(log::Level::Warn, "metrics_failed", &msg, &[]);
+                    log::emit(log::Level::Warn, log::Event::MetricsFailed, &msg, &[]);
                 }
             }
-            report.outcome.exit_code()
+            Ok(report.outcome.exit_code())
         }
         Command::Status(args) => {
             install_logger(&args.log, &args.name);
-            match admin_backend(&args.backend, &args.name, password) {
-                Ok(b) => runtime.block_on(admin::status(&b, &args.name, args.json)),
-                Err(code) => code,
-            }
+            let backend = admin_backend(&args.backend, &args.name, password)?;
+            Ok(runtime.block_on(admin::status(&backend, &args.name, args.json)))
         }
         Command::Release(args) => {
             install_logger(&args.log, &args.name);
-            match admin_backend(&args.backend, &args.name, password) {
-                Ok(b) => runtime.block_on(admin::force_release(&b, &args.name)),
-                Err(code) => code,
-            }
+            let backend = admin_backend(&args.backend, &args.name, password)?;
+            Ok(runtime.block_on(admin::force_release(&backend, &args.name)))
         }
     }
 }
@@ -111,16 +123,17 @@ fn install_logger(args: &LogArgs, lock: &str) {
     .install();
 }
 
+/// The backend of `status` and `release`, from checked arguments. The configuration's
+/// messages are whole sentences already (what is wrong and what to write instead), so
+/// they get no context of their own.
 fn admin_backend(
     args: &cli::BackendArgs,
     name: &str,
     password: Option<String>,
-) -> Result<AnyBackend, u8> {
-    let checked = LockName::parse(name).and_then(|_| BackendConfig::from_args(args, password));
-    match checked {
-        Ok(cfg) => Ok(AnyBackend::open(&cfg, false)),
-        Err(e) => Err(run::fail(&e.to_string()).exit_code()),
-    }
+) -> anyhow::Result<AnyBackend> {
+    LockName::parse(name)?;
+    let cfg = BackendConfig::from_args(args, password)?;
+    Ok(AnyBackend::open(&cfg, false))
 }
 
 /// Prints a clap error as one line (help and version go to stdout with status 0).

@@ -47,6 +47,75 @@ impl Level {
     }
 }
 
+/// Declares [`Event`] from one list of variants and names, so that [`Event::ALL`] and
+/// [`Event::as_str`] cannot miss one.
+macro_rules! events {
+    ($($(#[doc = $doc:literal])* $variant:ident => $name:literal,)*) => {
+        /// What a line is about: the `event` key of a JSON line. The names are part of
+        /// the contract (SPEC "Operations": log shippers match on them); renaming one
+        /// is a visible change.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Event {
+            $($(#[doc = $doc])* $variant,)*
+        }
+
+        impl Event {
+            /// Every event, in declaration order.
+            pub const ALL: &[Event] = &[$(Event::$variant,)*];
+
+            /// The name in JSON lines.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Event::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+events! {
+    /// The lock was taken (with its fencing token).
+    Acquired => "acquired",
+    /// The lock is held by someone else and `--wait` ran out.
+    Busy => "busy",
+    /// A renewal failed for a reason that may pass; retried while the lease is valid.
+    RenewFailed => "renew_failed",
+    /// The lock was lost while the command ran; the command was stopped.
+    Lost => "lost",
+    /// A signal is being sent to the command's process group.
+    Killing => "killing",
+    /// The command (its group leader) exited.
+    Exited => "exited",
+    /// The lock was given back (or shortened to `--hold-at-least`).
+    Released => "released",
+    /// The lease was renewed.
+    Renewed => "renewed",
+    /// An acquire attempt failed for a reason that may pass; retrying.
+    AcquireFailed => "acquire_failed",
+    /// Waiting for a busy lock's release went wrong; the next attempt follows.
+    WaitError => "wait_error",
+    /// A signal lockrun received ended the run before the command started.
+    Interrupted => "interrupted",
+    /// A signal lockrun received was forwarded to the command's group.
+    Forwarded => "forwarded",
+    /// The command was stopped at `--max-runtime`.
+    MaxRuntime => "max_runtime",
+    /// The run is over (with its exit status).
+    Finished => "finished",
+    /// The release at the end failed; the lock expires within the TTL.
+    ReleaseFailed => "release_failed",
+    /// `release --force` broke a lock (or found none).
+    ForceReleased => "force_released",
+    /// lockrun failed (usage, configuration, backend, spawning the command).
+    Error => "error",
+    /// The `--metrics-file` could not be written.
+    MetricsFailed => "metrics_failed",
+    /// lockrun could not become a child subreaper.
+    Subreaper => "subreaper",
+    /// A signal could not be sent to the command's group.
+    SignalFailed => "signal_failed",
+}
+
 /// The logger's settings.
 #[derive(Clone, Debug)]
 pub struct Logger {
@@ -86,7 +155,7 @@ impl Logger {
     pub fn render(
         &self,
         level: Level,
-        event: &str,
+        event: Event,
         msg: &str,
         fields: &[(&str, Value)],
     ) -> Option<String> {
@@ -100,7 +169,7 @@ impl Logger {
                 let ts = humantime::format_rfc3339_micros(SystemTime::now()).to_string();
                 obj.insert("ts".into(), Value::String(ts));
                 obj.insert("level".into(), level.as_str().into());
-                obj.insert("event".into(), event.into());
+                obj.insert("event".into(), event.as_str().into());
                 obj.insert("lock".into(), self.lock.clone().into());
                 obj.insert("msg".into(), msg.into());
                 for (k, v) in fields {
@@ -114,7 +183,7 @@ impl Logger {
 }
 
 /// Writes one line through the process-wide logger.
-pub fn emit(level: Level, event: &str, msg: &str, fields: &[(&str, Value)]) {
+pub fn emit(level: Level, event: Event, msg: &str, fields: &[(&str, Value)]) {
     let fallback;
     let logger = match LOGGER.get() {
         Some(l) => l,
@@ -138,11 +207,12 @@ mod tests {
     fn text_lines_are_prefixed_and_filtered_by_level() {
         let l = Logger::new(Format::Text, Level::Warn, "job");
         assert_eq!(
-            l.render(Level::Warn, "busy", "lock is busy", &[]).unwrap(),
+            l.render(Level::Warn, Event::Busy, "lock is busy", &[])
+                .unwrap(),
             "lockrun: lock is busy"
         );
-        assert!(l.render(Level::Info, "acquired", "x", &[]).is_none());
-        assert!(l.render(Level::Error, "error", "x", &[]).is_some());
+        assert!(l.render(Level::Info, Event::Acquired, "x", &[]).is_none());
+        assert!(l.render(Level::Error, Event::Error, "x", &[]).is_some());
     }
 
     #[test]
@@ -151,7 +221,7 @@ mod tests {
         let line = l
             .render(
                 Level::Info,
-                "acquired",
+                Event::Acquired,
                 "acquired \"job\"",
                 &[("fencing_token", 42.into())],
             )
@@ -164,6 +234,38 @@ mod tests {
         assert!(v["ts"].as_str().unwrap().ends_with('Z'));
         assert!(!line.contains('\n'));
         assert!(line.starts_with("{\"ts\":"), "ts comes first: {line}");
+    }
+
+    /// The event names are a contract (SPEC "Operations"): this list changes only on
+    /// purpose, with SPEC, README and the log shippers' filters.
+    #[test]
+    fn event_names_are_the_documented_ones() {
+        let names: Vec<&str> = Event::ALL.iter().map(|e| e.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "acquired",
+                "busy",
+                "renew_failed",
+                "lost",
+                "killing",
+                "exited",
+                "released",
+                "renewed",
+                "acquire_failed",
+                "wait_error",
+                "interrupted",
+                "forwarded",
+                "max_runtime",
+                "finished",
+                "release_failed",
+                "force_released",
+                "error",
+                "metrics_failed",
+                "subreaper",
+                "signal_failed",
+            ]
+        );
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! `lockrun run`: acquire, spawn, supervise, release. The thin async driver around
-//! the pure [`crate::lease`] machine: it feeds the machine timer ticks, renewal
-//! replies and the command's exit, and carries out what the machine decides. Every
+//! two pure machines: the acquire policy (`run/policy.rs`), fed the answers to acquire
+//! attempts, and the lease machine [`crate::lease`], fed timer ticks, renewal replies
+//! and the command's exit; the driver carries out what they decide. Every
 //! backend call is bounded by a timeout shorter than the lease left, so a hung server
 //! can never hold back a kill.
 
 mod acquire;
+mod policy;
 mod supervise;
 
 use std::time::Duration;
@@ -12,13 +14,14 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::backend::{AcquireRequest, Backend, BackendError, Release};
-use crate::clock::{Instant, Timer};
+use crate::clock::{BootInstant, Timer};
 use crate::config::RunConfig;
-use crate::log::{emit, Level};
+use crate::log::{emit, Event, Level};
 use crate::metrics::RunReport;
 use crate::outcome::Outcome;
 use crate::supervisor::{Group, Signals, SpawnError};
 use acquire::{abandon, acquire};
+use policy::Taken;
 use supervise::supervise;
 
 /// The longest any single backend request may take, whatever the TTL.
@@ -30,21 +33,30 @@ fn request_timeout(ttl: Duration) -> Duration {
     (ttl / 3).clamp(Duration::from_millis(20), MAX_REQUEST_TIME)
 }
 
-/// A lease just taken.
-struct Taken {
-    /// When the acquiring request was sent (the lease counts from here).
-    sent_at: Instant,
-    fencing_token: u64,
-    waited: Duration,
+/// How the command's run ended.
+struct Ended {
+    /// The exit status to report.
+    outcome: Outcome,
+    /// Whether the lease is still ours, to release.
+    lease: LeaseAtEnd,
+}
+
+/// The lease when the command's whole group is gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LeaseAtEnd {
+    /// Still ours: release it (or keep it for `--hold-at-least`).
+    Ours,
+    /// Lost or expired: it may be someone else's now, so it is left alone.
+    Lost,
 }
 
 /// Runs `cfg` against `backend` and reports how it ended. Every outcome other than
 /// the command's own exit has been logged when this returns.
 pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
-    let started = tokio::time::Instant::now();
+    let started = BootInstant::now();
     let report = |outcome: Outcome| RunReport {
         outcome,
-        waited: started.elapsed(),
+        waited: BootInstant::now().saturating_since(started),
         held: Duration::ZERO,
     };
     let mut signals = match Signals::install() {
@@ -52,38 +64,15 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
         Err(e) => return report(fail(&format!("cannot install signal handlers: {e}"))),
     };
     if let Err(e) = crate::supervisor::become_subreaper() {
-        emit(
-            Level::Warn,
-            "subreaper",
-            &format!("cannot become a child subreaper ({e}): orphans of the command may escape"),
-            &[],
-        );
+        let msg =
+            format!("cannot become a child subreaper ({e}): orphans of the command may escape");
+        emit(Level::Warn, Event::Subreaper, &msg, &[]);
     }
-    let mut req = AcquireRequest {
-        token: crate::token::lock_token(),
-        ttl: cfg.ttl,
-        host: nix::unistd::gethostname()
-            .map_or_else(|_| "unknown".into(), |h| h.to_string_lossy().into_owned()),
-        pid: std::process::id(),
-    };
-    let taken = match acquire(cfg, backend, &mut req, &mut signals).await {
+    let taken = match acquire(cfg, backend, request(cfg), &mut signals).await {
         Ok(t) => t,
         Err(outcome) => return report(outcome),
     };
-    emit(
-        Level::Info,
-        "acquired",
-        &format!(
-            "acquired lock {:?} (fencing token {}) after {}",
-            cfg.name.as_str(),
-            taken.fencing_token,
-            ms(taken.waited)
-        ),
-        &[
-            ("fencing_token", taken.fencing_token.into()),
-            ("wait_ms", millis(taken.waited)),
-        ],
-    );
+    log_acquired(cfg, &taken);
     let env = [
         ("LOCKRUN_FENCING_TOKEN", taken.fencing_token.to_string()),
         ("LOCKRUN_LOCK_NAME", cfg.name.as_str().to_owned()),
@@ -93,43 +82,63 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
     let timer = match Timer::new() {
         Ok(t) => t,
         Err(e) => {
-            abandon(cfg, backend, &req.token).await;
+            abandon(cfg, backend, &taken.token).await;
             let msg = format!("cannot create the lease timer: {e}; the command was not started");
             return report(fail(&msg));
         }
     };
-    let outcome = match Group::spawn(&cfg.command, &env) {
-        Ok(group) => supervise(cfg, backend, &req, &mut signals, &group, &taken, timer).await,
+    let ended = match Group::spawn(&cfg.command, &env) {
+        Ok(group) => supervise(cfg, backend, &mut signals, &group, &taken, timer).await,
         Err(e) => spawn_failed(cfg, e),
     };
-    let hold = Instant::now().saturating_since(taken.sent_at);
-    if outcome.1 {
-        release(cfg, backend, &req.token, hold).await;
+    let hold = BootInstant::now().saturating_since(taken.sent_at);
+    if ended.lease == LeaseAtEnd::Ours {
+        release(cfg, backend, &taken.token, hold).await;
     }
-    let fields = [
-        ("hold_ms", millis(hold)),
-        ("exit_code", outcome.0.exit_code().into()),
-    ];
-    emit(
-        Level::Info,
-        "finished",
-        &format!("finished with exit status {}", outcome.0.exit_code()),
-        &fields,
-    );
+    let code = ended.outcome.exit_code();
+    let fields = [("hold_ms", millis(hold)), ("exit_code", code.into())];
+    let msg = format!("finished with exit status {code}");
+    emit(Level::Info, Event::Finished, &msg, &fields);
     RunReport {
-        outcome: outcome.0,
+        outcome: ended.outcome,
         waited: taken.waited,
         held: hold,
     }
 }
 
+/// The first acquire request: a fresh token, and who this is for `status`.
+fn request(cfg: &RunConfig) -> AcquireRequest {
+    AcquireRequest {
+        token: crate::token::lock_token(),
+        ttl: cfg.ttl,
+        host: nix::unistd::gethostname()
+            .map_or_else(|_| "unknown".into(), |h| h.to_string_lossy().into_owned()),
+        pid: std::process::id(),
+    }
+}
+
+fn log_acquired(cfg: &RunConfig, taken: &Taken) {
+    let msg = format!(
+        "acquired lock {:?} (fencing token {}) after {}",
+        cfg.name.as_str(),
+        taken.fencing_token,
+        ms(taken.waited)
+    );
+    let fields = [
+        ("fencing_token", taken.fencing_token.into()),
+        ("wait_ms", millis(taken.waited)),
+    ];
+    emit(Level::Info, Event::Acquired, &msg, &fields);
+}
+
 /// Logs a failure before the command started and returns [`Outcome::Failed`].
 pub fn fail(msg: &str) -> Outcome {
-    emit(Level::Error, "error", msg, &[]);
+    emit(Level::Error, Event::Error, msg, &[]);
     Outcome::Failed
 }
 
-fn spawn_failed(cfg: &RunConfig, e: SpawnError) -> (Outcome, bool) {
+/// The command could not be started: log why; the lease is still ours to release.
+fn spawn_failed(cfg: &RunConfig, e: SpawnError) -> Ended {
     let program = cfg
         .command
         .first()
@@ -145,8 +154,11 @@ fn spawn_failed(cfg: &RunConfig, e: SpawnError) -> (Outcome, bool) {
             format!("cannot execute {program:?}: {e}"),
         ),
     };
-    emit(Level::Error, "error", &what, &[]);
-    (outcome, true)
+    emit(Level::Error, Event::Error, &what, &[]);
+    Ended {
+        outcome,
+        lease: LeaseAtEnd::Ours,
+    }
 }
 
 /// Gives the lock back (or shortens it to `--hold-at-least`), after the whole group
@@ -165,13 +177,13 @@ async fn release<B: Backend>(cfg: &RunConfig, backend: &B, token: &str, held: Du
     match (reply, how) {
         (Ok(Ok(())), Release::Now) => emit(
             Level::Info,
-            "released",
+            Event::Released,
             &format!("released lock {:?} after {}", cfg.name.as_str(), ms(held)),
             &fields,
         ),
         (Ok(Ok(())), Release::KeepFor(left)) => emit(
             Level::Info,
-            "released",
+            Event::Released,
             &format!(
                 "lock {:?} kept for {} more (--hold-at-least)",
                 cfg.name.as_str(),
@@ -181,13 +193,13 @@ async fn release<B: Backend>(cfg: &RunConfig, backend: &B, token: &str, held: Du
         ),
         (Ok(Err(BackendError::NotOwner)), _) => emit(
             Level::Warn,
-            "release_failed",
+            Event::ReleaseFailed,
             "the lock was no longer ours at release",
             &fields,
         ),
         (Ok(Err(e)), _) => emit(
             Level::Warn,
-            "release_failed",
+            Event::ReleaseFailed,
             &format!(
                 "could not release the lock: {e}; it expires within {}",
                 ms(cfg.ttl)
@@ -196,7 +208,7 @@ async fn release<B: Backend>(cfg: &RunConfig, backend: &B, token: &str, held: Du
         ),
         (Err(_), _) => emit(
             Level::Warn,
-            "release_failed",
+            Event::ReleaseFailed,
             &format!(
                 "the release timed out; the lock expires within {}",
                 ms(cfg.ttl)

@@ -89,7 +89,7 @@ impl Group {
             Ok(()) | Err(Errno::ESRCH) => {}
             Err(e) => crate::log::emit(
                 crate::log::Level::Warn,
-                "signal_failed",
+                crate::log::Event::SignalFailed,
                 &format!("could not send {sig} to the command's process group: {e}"),
                 &[],
             ),

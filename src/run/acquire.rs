@@ -1,104 +1,148 @@
-//! Taking the lock: try, wait for a release, retry after transient errors, give up
-//! when `--wait` runs out or a signal arrives. Part of [`crate::run`].
+//! Taking the lock: the thin async driver of the pure acquire [`policy`](super::policy).
+//! It sends the attempts the policy describes, waits for a release, sleeps before a
+//! retry, gives back the tokens the policy abandons, and gives up when a signal
+//! arrives; every decision is the policy's. Part of [`crate::run`].
 
+use std::future::Future;
 use std::time::Duration;
 
-use super::{fail, millis, ms, request_timeout, Taken};
-use crate::backend::{Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
-use crate::clock::Instant;
+use super::policy::{Next, Policy, Random, Reply, Taken, Terms};
+use super::{fail, millis, ms, request_timeout};
+use crate::backend::{Acquire, AcquireRequest, Backend, Holder, Release};
+use crate::clock::BootInstant;
 use crate::config::RunConfig;
+use crate::holder::Known;
 use crate::lease::Params;
-use crate::log::{emit, Level};
+use crate::log::{emit, Event, Level};
 use crate::outcome::Outcome;
 use crate::supervisor::Signals;
 
 /// Tries to take the lock until it is ours, `--wait` runs out, or the backend fails
 /// for good. A signal meanwhile gives up (releasing whatever may have been taken).
-/// On success `req.token` is the token the lock is held with: an attempt that may have
-/// been applied unseen is given back and its token never used again.
+/// The first attempt uses `request`'s token; an attempt that may have been applied
+/// unseen is given back and its token never used again, so the [`Taken`] lease may
+/// carry a later one.
 pub(super) async fn acquire<B: Backend>(
     cfg: &RunConfig,
     backend: &B,
-    req: &mut AcquireRequest,
+    request: AcquireRequest,
     signals: &mut Signals,
 ) -> Result<Taken, Outcome> {
-    let name = cfg.name.as_str();
-    let started = tokio::time::Instant::now();
-    let give_up_at = started + cfg.wait;
-    let params = Params::new(cfg.ttl, cfg.renew_every, cfg.kill_after);
+    acquire_with(cfg, backend, request, signals, Random::OS).await
+}
+
+/// [`acquire`] with the policy's randomness given (fixed in tests).
+async fn acquire_with<B: Backend>(
+    cfg: &RunConfig,
+    backend: &B,
+    request: AcquireRequest,
+    signals: &mut Signals,
+    random: Random,
+) -> Result<Taken, Outcome> {
+    let terms = Terms {
+        lease: Params::new(cfg.ttl, cfg.renew_every, cfg.kill_after),
+        wait: cfg.wait,
+        request_timeout: request_timeout(cfg.ttl),
+        backend: cfg.backend.display.clone(),
+    };
+    let mut policy = Policy::new(terms, request, random, BootInstant::now());
     loop {
-        let sent_at = Instant::now();
-        let reply = tokio::select! {
-            r = tokio::time::timeout(request_timeout(cfg.ttl), backend.acquire(name, &*req)) => r,
-            sig = signals.recv_forwardable() => {
-                abandon(cfg, backend, &req.token).await;
-                emit(Level::Error, "interrupted", &format!("interrupted by {sig} while acquiring; the command was not started"), &[]);
-                return Err(Outcome::Interrupted(sig as i32));
+        let reply = send(cfg, backend, &policy, signals).await?;
+        match policy.on_reply(reply, BootInstant::now()) {
+            Next::Take(taken) => return Ok(taken),
+            Next::Wait {
+                holder,
+                for_at_most,
+            } => wait(cfg, backend, &policy, signals, &holder, for_at_most).await?,
+            Next::GiveUpBusy { holder, waited } => {
+                let stop = backend.stop_waiting(cfg.name.as_str());
+                let _ = tokio::time::timeout(request_timeout(cfg.ttl), stop).await;
+                return Err(busy(cfg, &holder, waited));
             }
-        };
-        let error = match reply {
-            Ok(Ok(Acquire::Acquired { fencing_token })) => {
-                if Instant::now() < params.deadline_from(sent_at) - params.grace() {
-                    return Ok(Taken {
-                        sent_at,
-                        fencing_token,
-                        waited: started.elapsed(),
-                    });
-                }
-                // The answer came so late that most of the lease is gone.
-                BackendError::Unavailable(format!(
-                    "{} answered too slowly to use the lease",
-                    cfg.backend.display
-                ))
+            Next::Retry {
+                after,
+                abandon: old,
+                error,
+            } => {
+                abandon(cfg, backend, &old).await;
+                let msg = format!("{error}; retrying");
+                emit(Level::Warn, Event::AcquireFailed, &msg, &[]);
+                tokio::time::sleep(after).await;
             }
-            Ok(Ok(Acquire::Busy(holder))) => {
-                let now = tokio::time::Instant::now();
-                if now >= give_up_at {
-                    let _ =
-                        tokio::time::timeout(request_timeout(cfg.ttl), backend.stop_waiting(name))
-                            .await;
-                    return Err(busy(cfg, &holder, started.elapsed()));
+            Next::Fail {
+                error,
+                abandon: old,
+            } => {
+                if let Some(old) = old {
+                    abandon(cfg, backend, &old).await;
                 }
-                tokio::select! {
-                    r = backend.wait_for_release(name, &holder, give_up_at - now) => {
-                        if let Err(e) = r {
-                            emit(Level::Debug, "wait_error", &e.to_string(), &[]);
-                        }
-                    }
-                    sig = signals.recv_forwardable() => {
-                        abandon(cfg, backend, &req.token).await;
-                        emit(Level::Error, "interrupted", &format!("interrupted by {sig} while waiting; the command was not started"), &[]);
-                        return Err(Outcome::Interrupted(sig as i32));
-                    }
-                }
-                continue;
+                return Err(fail(&format!("{error}; the command was not started")));
             }
-            Ok(Err(e)) => e,
-            Err(_elapsed) => BackendError::Unavailable(format!(
-                "the backend at {} did not answer within {}",
-                cfg.backend.display,
-                ms(request_timeout(cfg.ttl))
-            )),
-        };
-        if error.is_transient() {
-            // The attempt may have been applied on the server with its answer lost or
-            // late: give back whatever it may have taken, and never use its token
-            // again. A release of the old token that arrives late (it may be stuck in
-            // the network too) then cannot remove a lock a later attempt takes.
-            abandon(cfg, backend, &req.token).await;
-            req.token = crate::token::lock_token();
         }
-        let retry_in = Duration::from_millis(100 + crate::token::random_u64() % 400);
-        if !error.is_transient() || tokio::time::Instant::now() + retry_in >= give_up_at {
-            return Err(fail(&format!("{error}; the command was not started")));
+    }
+}
+
+/// Sends one attempt, the policy's current request, within the request timeout. A
+/// signal meanwhile gives up.
+async fn send<B: Backend>(
+    cfg: &RunConfig,
+    backend: &B,
+    policy: &Policy,
+    signals: &mut Signals,
+) -> Result<Reply, Outcome> {
+    let sent_at = BootInstant::now();
+    let attempt = tokio::time::timeout(
+        request_timeout(cfg.ttl),
+        backend.acquire(cfg.name.as_str(), policy.request()),
+    );
+    let answer = unless_signalled(cfg, backend, policy, signals, "acquiring", attempt).await?;
+    Ok(match answer {
+        Ok(Ok(Acquire::Acquired { fencing_token })) => Reply::Acquired {
+            fencing_token,
+            sent_at,
+        },
+        Ok(Ok(Acquire::Busy(holder))) => Reply::Busy(holder),
+        Ok(Err(e)) => Reply::Failed(e),
+        Err(_elapsed) => Reply::TimedOut,
+    })
+}
+
+/// Waits for a busy lock's release (or expiry), at most `for_at_most`. A signal
+/// meanwhile gives up.
+async fn wait<B: Backend>(
+    cfg: &RunConfig,
+    backend: &B,
+    policy: &Policy,
+    signals: &mut Signals,
+    holder: &Holder,
+    for_at_most: Duration,
+) -> Result<(), Outcome> {
+    let waiting = backend.wait_for_release(cfg.name.as_str(), holder, for_at_most);
+    if let Err(e) = unless_signalled(cfg, backend, policy, signals, "waiting", waiting).await? {
+        emit(Level::Debug, Event::WaitError, &e.to_string(), &[]);
+    }
+    Ok(())
+}
+
+/// Runs `step` (`doing` something) unless a signal to forward comes first: then gives
+/// up with [`Outcome::Interrupted`], after giving back whatever the current attempt
+/// may have taken.
+async fn unless_signalled<B: Backend, T>(
+    cfg: &RunConfig,
+    backend: &B,
+    policy: &Policy,
+    signals: &mut Signals,
+    doing: &str,
+    step: impl Future<Output = T>,
+) -> Result<T, Outcome> {
+    tokio::select! {
+        r = step => Ok(r),
+        sig = signals.recv_forwardable() => {
+            abandon(cfg, backend, &policy.request().token).await;
+            let msg = format!("interrupted by {sig} while {doing}; the command was not started");
+            emit(Level::Error, Event::Interrupted, &msg, &[]);
+            Err(Outcome::Interrupted(sig as i32))
         }
-        emit(
-            Level::Warn,
-            "acquire_failed",
-            &format!("{error}; retrying"),
-            &[],
-        );
-        tokio::time::sleep(retry_in).await;
     }
 }
 
@@ -115,23 +159,25 @@ pub(super) async fn abandon<B: Backend>(cfg: &RunConfig, backend: &B, token: &st
 }
 
 fn busy(cfg: &RunConfig, holder: &Holder, waited: Duration) -> Outcome {
-    let since = holder.since();
+    let known = Known::of(holder);
     emit(
         Level::Warn,
-        "busy",
+        Event::Busy,
         &format!(
-            "lock {:?} is held by {} pid {} since {since} ({} left); the command was not started",
+            "lock {:?} is {} ({} left); the command was not started",
             cfg.name.as_str(),
-            holder.host,
-            holder.pid,
-            ms(holder.ttl_left)
+            known.held(),
+            ms(known.ttl_left)
         ),
         &[
-            ("holder_host", holder.host.clone().into()),
-            ("holder_pid", holder.pid.into()),
-            ("fencing_token", holder.fencing_token.into()),
+            ("holder_host", known.host.into()),
+            ("holder_pid", known.pid.into()),
+            ("fencing_token", known.fencing_token.into()),
             ("wait_ms", millis(waited)),
         ],
     );
     Outcome::Busy(cfg.conflict_exit_code)
 }
+
+#[cfg(test)]
+mod tests;

@@ -9,31 +9,30 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::time::error::Elapsed;
 
-use super::{request_timeout, Taken};
-use crate::backend::{AcquireRequest, Backend, BackendError};
-use crate::clock::{Instant, Timer};
+use super::policy::Taken;
+use super::{request_timeout, Ended, LeaseAtEnd};
+use crate::backend::{Backend, BackendError};
+use crate::clock::{BootInstant, Timer};
 use crate::config::RunConfig;
-use crate::lease::{Event, GroupSignal, Machine, Params, StopReason};
-use crate::log::{emit, Level};
+use crate::lease::{Event, GroupSignal, Machine, Params, Stop, StopReason};
+use crate::log::{emit, Event as LogEvent, Level};
 use crate::outcome::Outcome;
 use crate::supervisor::{reap, ChildExit, Group, Received, Signals};
 
 type Renewal<'a> = Pin<Box<dyn Future<Output = Result<Result<(), BackendError>, Elapsed>> + 'a>>;
 
 /// Runs the command to its end (and the end of its whole group) under the lease.
-/// Returns the outcome and whether the lease is still ours to release.
+/// Returns how it ended and whether the lease is still ours to release.
 pub(super) async fn supervise<B: Backend>(
     cfg: &RunConfig,
     backend: &B,
-    req: &AcquireRequest,
     signals: &mut Signals,
     group: &Group,
     taken: &Taken,
     mut timer: Timer,
-) -> (Outcome, bool) {
-    let name = cfg.name.as_str();
+) -> Ended {
     let params = Params::new(cfg.ttl, cfg.renew_every, cfg.kill_after);
-    let mut machine = Machine::new(params, taken.sent_at, Instant::now(), cfg.max_runtime);
+    let mut machine = Machine::new(params, taken.sent_at, BootInstant::now(), cfg.max_runtime);
     let mut renewal: Option<Renewal<'_>> = None;
     // The SIGCHLD handler was installed before the spawn, so an early exit of the
     // command is not missed: the first `signals.recv()` reports it.
@@ -43,20 +42,22 @@ pub(super) async fn supervise<B: Backend>(
         if leader.is_some() && group.is_empty() {
             break;
         }
-        let _ = timer.set(machine.next_wakeup());
-        let event = tokio::select! {
-            biased;
-            _ = timer.fired() => Some(Event::Tick),
-            r = async { renewal.as_mut().expect("guarded").await }, if renewal.is_some() => {
-                renewal = None;
-                Some(renewal_event(r, &mut failures, &cfg.backend.display))
-            }
-            received = signals.recv() => on_signal(received, group, &mut leader),
-            // While leftovers drain, look for an empty group now and then: the last
-            // one may have been a grandchild reaped by its own parent.
-            _ = tokio::time::sleep(Duration::from_millis(50)), if leader.is_some() => None,
+        let event = match arm(&mut timer, &machine) {
+            Some(failed) => Some(failed),
+            None => tokio::select! {
+                biased;
+                _ = timer.fired() => Some(Event::Tick),
+                r = async { renewal.as_mut().expect("guarded").await }, if renewal.is_some() => {
+                    renewal = None;
+                    Some(renewal_event(r, &mut failures, &cfg.backend.display))
+                }
+                received = signals.recv() => on_signal(received, group, &mut leader),
+                // While leftovers drain, look for an empty group now and then: the last
+                // one may have been a grandchild reaped by its own parent.
+                _ = tokio::time::sleep(Duration::from_millis(50)), if leader.is_some() => None,
+            },
         };
-        let now = Instant::now();
+        let now = BootInstant::now();
         let actions = machine.step(event.unwrap_or(Event::Tick), now);
         if let Some(signal) = actions.signal {
             carry_out(cfg, group, signal);
@@ -65,15 +66,40 @@ pub(super) async fn supervise<B: Backend>(
             renewal = None;
         }
         if actions.renew {
+            // Past the deadline an answer is useless: the request is abandoned there.
             let timeout = request_timeout(cfg.ttl).min(machine.renew_timeout(now));
-            renewal = Some(Box::pin(tokio::time::timeout(
-                timeout,
-                backend.renew(name, &req.token, cfg.ttl),
-            )));
+            let renew = backend.renew(cfg.name.as_str(), &taken.token, cfg.ttl);
+            renewal = Some(Box::pin(tokio::time::timeout(timeout, renew)));
         }
     }
     drop(renewal);
-    (outcome(&machine, leader), machine.holds_lease())
+    let lease = if machine.holds_lease() {
+        LeaseAtEnd::Ours
+    } else {
+        LeaseAtEnd::Lost
+    };
+    Ended {
+        outcome: outcome(&machine, leader),
+        lease,
+    }
+}
+
+/// Sets the lease timer to the machine's next wake-up. If it cannot be set, nothing
+/// is sure to wake lockrun at the lease deadline, so the kill before expiry can no
+/// longer be guaranteed: fail closed, with [`Event::TimerFailed`], which the machine
+/// answers with SIGKILL at once (a lost lease: exit status 124, "lost" in the log). A
+/// clean stop with the kill signal would need the very timer that failed to bound
+/// it. The lease itself is left alone: while still ours it is released once the
+/// group is gone. Once the group has had SIGKILL nothing is left to guard, and the
+/// driver waits for its end as usual.
+fn arm(timer: &mut Timer, machine: &Machine) -> Option<Event> {
+    let e = timer.set(machine.next_wakeup()).err()?;
+    if matches!(machine.stop(), Stop::Killed { .. }) {
+        return None;
+    }
+    let msg = format!("cannot set the lease timer: {e}; stopping the command now");
+    emit(Level::Error, LogEvent::Error, &msg, &[]);
+    Some(Event::TimerFailed)
 }
 
 /// Turns a renewal's answer into an event for the machine.
@@ -85,7 +111,7 @@ fn renewal_event(
     match answer {
         Ok(Ok(())) => {
             *failures = 0;
-            emit(Level::Debug, "renewed", "lease renewed", &[]);
+            emit(Level::Debug, LogEvent::Renewed, "lease renewed", &[]);
             Event::RenewOk
         }
         Ok(Err(BackendError::NotOwner)) => Event::RenewLost,
@@ -113,7 +139,7 @@ fn on_signal(received: Received, group: &Group, leader: &mut Option<ChildExit>) 
             let msg = format!("forwarding {sig} to the command");
             emit(
                 Level::Info,
-                "forwarded",
+                LogEvent::Forwarded,
                 &msg,
                 &[("signal", sig.as_str().into())],
             );
@@ -125,24 +151,24 @@ fn on_signal(received: Received, group: &Group, leader: &mut Option<ChildExit>) 
 
 /// How the run ended, once the whole group is gone.
 fn outcome(machine: &Machine, leader: Option<ChildExit>) -> Outcome {
-    match (machine.stop_reason(), leader) {
-        (
-            Some(r @ (StopReason::LeaseLost | StopReason::LeaseExpiring | StopReason::MaxRuntime)),
-            _,
-        ) => {
-            let (event, outcome) = if r.is_loss() {
-                ("lost", Outcome::LockLost)
-            } else {
-                ("max_runtime", Outcome::MaxRuntime)
-            };
-            let msg = format!("stopped the command: {}", r.describe());
-            emit(Level::Error, event, &msg, &[("reason", r.code().into())]);
-            outcome
+    // Every reason is named, so that a new one forces a decision here.
+    let stopped = match machine.stop_reason() {
+        Some(r @ (StopReason::LeaseLost | StopReason::LeaseExpiring | StopReason::TimerFailed)) => {
+            Some((r, LogEvent::Lost, Outcome::LockLost))
         }
-        (_, Some(ChildExit::Code(c))) => Outcome::Exited(c),
-        (_, Some(ChildExit::Signal(s))) => Outcome::Signaled(s),
+        Some(r @ StopReason::MaxRuntime) => Some((r, LogEvent::MaxRuntime, Outcome::MaxRuntime)),
+        Some(StopReason::Leftovers) | None => None,
+    };
+    if let Some((r, event, outcome)) = stopped {
+        let msg = format!("stopped the command: {}", r.describe());
+        emit(Level::Error, event, &msg, &[("reason", r.code().into())]);
+        return outcome;
+    }
+    match leader {
+        Some(ChildExit::Code(c)) => Outcome::Exited(c),
+        Some(ChildExit::Signal(s)) => Outcome::Signaled(s),
         // The loop only ends once the leader was reaped.
-        (_, None) => Outcome::LockLost,
+        None => Outcome::LockLost,
     }
 }
 
@@ -155,7 +181,7 @@ fn renew_failed(failures: &mut u32, why: &str) -> Event {
     };
     emit(
         level,
-        "renew_failed",
+        LogEvent::RenewFailed,
         &format!("could not renew the lease: {why}; retrying"),
         &[("failures", (*failures).into())],
     );
@@ -174,7 +200,7 @@ fn carry_out(cfg: &RunConfig, group: &Group, signal: GroupSignal) {
     };
     emit(
         level,
-        "killing",
+        LogEvent::Killing,
         &format!(
             "sending {sig} to the command's process group: {}",
             reason.describe()
@@ -203,5 +229,5 @@ fn log_exit(exit: ChildExit) {
             ("signal", Value::from(s)),
         ),
     };
-    emit(Level::Info, "exited", &msg, &[field]);
+    emit(Level::Info, LogEvent::Exited, &msg, &[field]);
 }

@@ -5,8 +5,8 @@ use super::*;
 
 const MS: Duration = Duration::from_millis(1);
 
-fn at(ms: u64) -> Instant {
-    Instant::from_since_boot(Duration::from_millis(ms))
+fn at(ms: u64) -> BootInstant {
+    BootInstant::from_since_boot(Duration::from_millis(ms))
 }
 
 /// TTL 3000 ms, renew every 1000 ms, kill-after 500 ms: drift = 80 ms, grace = 500 ms,
@@ -267,7 +267,7 @@ fn killed_state_ignores_every_event_but_keeps_renewing() {
             reason: StopReason::MaxRuntime
         }
     );
-    for ev in [Event::Tick, Event::CommandExited] {
+    for ev in [Event::Tick, Event::CommandExited, Event::TimerFailed] {
         assert_eq!(m.step(ev, at(1600)).signal, None);
     }
     assert!(m.step(Event::Tick, at(2000)).renew);
@@ -275,6 +275,50 @@ fn killed_state_ignores_every_event_but_keeps_renewing() {
     assert!(m.step(Event::Tick, at(3000)).renew);
     assert_eq!(m.step(Event::RenewLost, at(3001)).signal, None);
     assert!(matches!(m.lease(), Lease::Lost { .. }));
+}
+
+#[test]
+fn a_timer_failure_kills_at_once_and_leaves_the_lease_alone() {
+    let mut m = machine();
+    let a = m.step(Event::TimerFailed, at(1200));
+    assert_eq!(
+        a,
+        Actions {
+            renew: false,
+            signal: Some(GroupSignal::Kill(StopReason::TimerFailed))
+        }
+    );
+    assert_eq!(
+        m.stop(),
+        Stop::Killed {
+            reason: StopReason::TimerFailed
+        }
+    );
+    assert_eq!(
+        m.lease(),
+        machine().lease(),
+        "still ours, to release at the end"
+    );
+    assert_eq!(m.step(Event::TimerFailed, at(1300)), Actions::default());
+}
+
+#[test]
+fn a_timer_failure_while_stopping_escalates_to_sigkill_for_the_same_reason() {
+    let mut m = machine();
+    m.step(Event::CommandExited, at(1200));
+    assert_eq!(
+        m.step(Event::TimerFailed, at(1300)).signal,
+        Some(GroupSignal::Kill(StopReason::Leftovers))
+    );
+    assert_eq!(m.stop_reason(), Some(StopReason::Leftovers));
+}
+
+#[test]
+fn a_timer_failure_with_a_renewal_due_still_renews() {
+    let mut m = machine();
+    let a = m.step(Event::TimerFailed, at(2000));
+    assert!(a.renew);
+    assert_eq!(a.signal, Some(GroupSignal::Kill(StopReason::TimerFailed)));
 }
 
 #[test]
@@ -294,6 +338,7 @@ fn expired_and_lost_leases_never_renew_or_signal_twice() {
         Event::RenewFailed,
         Event::RenewLost,
         Event::CommandExited,
+        Event::TimerFailed,
     ] {
         let mut m = machine();
         m.step(Event::Tick, at(DEADLINE));
@@ -306,12 +351,14 @@ fn expired_and_lost_leases_never_renew_or_signal_twice() {
 fn stop_reasons_classify_loss() {
     assert!(StopReason::LeaseLost.is_loss());
     assert!(StopReason::LeaseExpiring.is_loss());
+    assert!(StopReason::TimerFailed.is_loss());
     assert!(!StopReason::MaxRuntime.is_loss());
     for r in [
         StopReason::LeaseLost,
         StopReason::LeaseExpiring,
         StopReason::MaxRuntime,
         StopReason::Leftovers,
+        StopReason::TimerFailed,
     ] {
         assert!(!r.describe().is_empty());
     }
@@ -344,8 +391,8 @@ fn random_schedules_never_kill_after_the_deadline() {
         let mut now = 1000u64;
         let mut m = Machine::new(p, at(now), at(now), None);
         let mut truth_deadline = at(now) + p.ttl - p.drift;
-        let mut in_flight: Option<Instant> = None;
-        let mut killed_at: Option<Instant> = None;
+        let mut in_flight: Option<BootInstant> = None;
+        let mut killed_at: Option<BootInstant> = None;
         for _ in 0..200 {
             // Jump to the next wakeup, or earlier, or (a pause) far later.
             let wake = m

@@ -1,0 +1,165 @@
+//! How a lock's holder is shown: in `lockrun status` (text and JSON), in
+//! `release --force`'s line and in the busy line of a run.
+//!
+//! A backend fills a [`Holder`] with what it could read; a description it could not
+//! parse leaves empty fields (no host, pid 0, start time 0, fencing token 0), values a
+//! lockrun never writes. Those are unknown, not facts: the text leaves them out and
+//! JSON gives `null`, so no one reads "pid 0 since 1970". Pure functions; depends on
+//! [`crate::backend::Holder`] and `run::ms` only.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::backend::Holder;
+use crate::run::ms;
+
+/// The fields of a [`Holder`] that are known.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Known {
+    /// Host name of the holder.
+    pub host: Option<String>,
+    /// Process id of the holder's lockrun.
+    pub pid: Option<u32>,
+    /// Acquisition time, milliseconds since the Unix epoch (server clock).
+    pub since_ms: Option<u64>,
+    /// The acquisition time as RFC 3339 (seconds, UTC).
+    pub since: Option<String>,
+    /// The fencing token of the holder's acquisition (never 0 when known).
+    pub fencing_token: Option<u64>,
+    /// Lease time left.
+    pub ttl_left: Duration,
+}
+
+impl Known {
+    /// What is known of `h`.
+    pub fn of(h: &Holder) -> Known {
+        Known {
+            host: (!h.host.is_empty()).then(|| h.host.clone()),
+            pid: (h.pid != 0).then_some(h.pid),
+            since_ms: (h.since_ms != 0).then_some(h.since_ms),
+            since: (h.since_ms != 0).then(|| h.since()),
+            fencing_token: (h.fencing_token != 0).then_some(h.fencing_token),
+            ttl_left: h.ttl_left,
+        }
+    }
+
+    /// Who holds it and since when: `held by web-1 pid 42 since 2024-05-01T10:00:00Z`,
+    /// `held by pid 42`, `held (holder unknown)`.
+    pub fn held(&self) -> String {
+        let who = match (&self.host, self.pid) {
+            (Some(host), Some(pid)) => format!("held by {host} pid {pid}"),
+            (Some(host), None) => format!("held by {host}"),
+            (None, Some(pid)) => format!("held by pid {pid}"),
+            (None, None) => "held (holder unknown)".to_owned(),
+        };
+        match &self.since {
+            Some(since) => format!("{who} since {since}"),
+            None => who,
+        }
+    }
+
+    /// [`Known::held`] with the fencing token and the lease left:
+    /// `held by web-1 pid 42 since …, fencing token 7, 2s left`.
+    pub fn summary(&self) -> String {
+        let token = self
+            .fencing_token
+            .map(|t| format!(", fencing token {t}"))
+            .unwrap_or_default();
+        format!("{}{token}, {} left", self.held(), ms(self.ttl_left))
+    }
+}
+
+/// The `lockrun status --json` object for lock `name` held by `holder` (or free).
+pub fn status_json(name: &str, holder: Option<&Holder>) -> Value {
+    match holder.map(Known::of) {
+        Some(k) => json!({
+            "name": name, "held": true, "fencing_token": k.fencing_token,
+            "ttl_ms": k.ttl_left.as_millis() as u64, "host": k.host, "pid": k.pid,
+            "since": k.since, "since_ms": k.since_ms,
+        }),
+        None => json!({
+            "name": name, "held": false, "fencing_token": null, "ttl_ms": null,
+            "host": null, "pid": null, "since": null, "since_ms": null,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full() -> Holder {
+        Holder {
+            host: "web-1".into(),
+            pid: 42,
+            since_ms: 1_714_557_600_000,
+            fencing_token: 7,
+            ttl_left: Duration::from_millis(2000),
+        }
+    }
+
+    #[test]
+    fn a_full_holder_is_shown_whole() {
+        assert_eq!(
+            Known::of(&full()).summary(),
+            "held by web-1 pid 42 since 2024-05-01T10:00:00Z, fencing token 7, 2s left"
+        );
+    }
+
+    #[test]
+    fn an_unreadable_holder_shows_only_what_is_known() {
+        let empty = Holder {
+            fencing_token: 7,
+            ttl_left: Duration::from_millis(2000),
+            ..Holder::default()
+        };
+        assert_eq!(
+            Known::of(&empty).summary(),
+            "held (holder unknown), fencing token 7, 2s left"
+        );
+        assert_eq!(
+            Known::of(&Holder::default()).summary(),
+            "held (holder unknown), 0s left"
+        );
+        let pid_only = Holder {
+            pid: 42,
+            ..Holder::default()
+        };
+        assert_eq!(Known::of(&pid_only).held(), "held by pid 42");
+        let host_since = Holder {
+            host: "web-1".into(),
+            since_ms: 1_714_557_600_000,
+            ..Holder::default()
+        };
+        assert_eq!(
+            Known::of(&host_since).held(),
+            "held by web-1 since 2024-05-01T10:00:00Z"
+        );
+    }
+
+    #[test]
+    fn json_gives_null_for_what_is_unknown() {
+        let v = status_json("job", Some(&Holder::default()));
+        assert_eq!(v["held"], true);
+        for key in ["host", "pid", "since", "since_ms", "fencing_token"] {
+            assert!(v[key].is_null(), "{key}: {v}");
+        }
+        assert_eq!(v["ttl_ms"], 0);
+        let v = status_json("job", Some(&full()));
+        assert_eq!(v["host"], "web-1");
+        assert_eq!(v["pid"], 42);
+        assert_eq!(v["since"], "2024-05-01T10:00:00Z");
+        assert_eq!(v["since_ms"], 1_714_557_600_000u64);
+        assert_eq!(v["fencing_token"], 7);
+        assert_eq!(v["ttl_ms"], 2000);
+    }
+
+    #[test]
+    fn json_of_a_free_lock() {
+        let v = status_json("job", None);
+        assert_eq!(v["held"], false);
+        assert_eq!(v["name"], "job");
+        assert!(v["host"].is_null() && v["fencing_token"].is_null());
+    }
+}

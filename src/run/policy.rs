@@ -1,0 +1,240 @@
+//! The acquire policy: every decision about taking the lock, as a pure state machine.
+//!
+//! No tokio, no I/O, no clock reads and no randomness of its own: [`Policy::on_reply`]
+//! takes the answer to one attempt and the current time and says what to do next
+//! ([`Next`]). The driver (`run/acquire.rs`) only sends the attempts the policy's
+//! [`Policy::request`] describes, waits, sleeps, gives tokens back and watches for
+//! signals. Depends on [`crate::backend`]'s types, [`crate::clock`] and
+//! [`crate::lease::Params`] only.
+//!
+//! The rules enforced here:
+//! - An `Acquired` answer read after the lease deadline minus the kill grace (both
+//!   counted from the moment *before* the request was sent) is not taken: so little of
+//!   the lease is left that the command would be stopped as it starts. It counts as a
+//!   transient failure, and is retried like one.
+//! - An attempt whose outcome is ambiguous (a transient error, a timeout, an answer too
+//!   late to use) may have been applied on the server unseen. Its token is given back
+//!   and never used again: the next attempt carries a fresh one. A release of the old
+//!   token that arrives late (it may be stuck in the network too) then cannot remove the
+//!   lock a later attempt takes. The soak test found the bug this rule closes.
+//! - A busy lock is waited for until `--wait` runs out, then given up with its holder.
+//! - A permanent error fails at once; a transient one is retried after 100 to 500 ms of
+//!   jitter, unless the retry would come at or after the give-up time.
+
+use std::time::Duration;
+
+use super::ms;
+use crate::backend::{AcquireRequest, BackendError, Holder};
+use crate::clock::BootInstant;
+use crate::lease::Params;
+
+/// The shortest pause before a retry after a transient error.
+const RETRY_MIN: Duration = Duration::from_millis(100);
+
+/// The width of the random part of that pause, in milliseconds: retries come 100 to
+/// 499 ms after a failure, so that lockruns failing together do not retry together.
+const RETRY_SPREAD_MS: u64 = 400;
+
+/// Where the policy's randomness comes from: the OS in a run, fixed values in tests.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Random {
+    /// A fresh lock token, never handed out before.
+    pub token: fn() -> String,
+    /// A random number, for retry jitter.
+    pub number: fn() -> u64,
+}
+
+impl Random {
+    /// The operating system's CSPRNG ([`crate::token`]).
+    pub const OS: Random = Random {
+        token: crate::token::lock_token,
+        number: crate::token::random_u64,
+    };
+}
+
+/// The fixed terms of one acquisition, from the configuration.
+#[derive(Clone, Debug)]
+pub(crate) struct Terms {
+    /// The lease's timings (deadline and kill grace of an answer).
+    pub lease: Params,
+    /// `--wait`: how long a busy lock is waited for.
+    pub wait: Duration,
+    /// The timeout of one attempt (for the message when it passes).
+    pub request_timeout: Duration,
+    /// The backend as shown in messages (`host:port`, never credentials).
+    pub backend: String,
+}
+
+/// The answer to one attempt, as the driver saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Reply {
+    /// The backend says the lock is ours.
+    Acquired {
+        /// The fencing token it handed out.
+        fencing_token: u64,
+        /// When the attempt was sent (the lease counts from here).
+        sent_at: BootInstant,
+    },
+    /// Someone else holds it.
+    Busy(Holder),
+    /// The backend answered with an error.
+    Failed(BackendError),
+    /// No answer within the request timeout.
+    TimedOut,
+}
+
+/// A lease just taken.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Taken {
+    /// When the acquiring request was sent (the lease counts from here).
+    pub sent_at: BootInstant,
+    /// The fencing token handed out with the lease.
+    pub fencing_token: u64,
+    /// The token the lock is held with (for renewals and the release).
+    pub token: String,
+    /// How long taking it took.
+    pub waited: Duration,
+}
+
+/// What the driver does after an answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// The lock is ours: start the command.
+    Take(Taken),
+    /// The lock is busy: wait for its release (or expiry), at most this long, then
+    /// send the next attempt.
+    Wait {
+        /// Who holds it.
+        holder: Holder,
+        /// The `--wait` left.
+        for_at_most: Duration,
+    },
+    /// The lock is busy and `--wait` has run out: stop waiting, report the holder.
+    GiveUpBusy {
+        /// Who holds it.
+        holder: Holder,
+        /// How long lockrun tried.
+        waited: Duration,
+    },
+    /// A transient failure: give `abandon` back, warn, sleep `after`, try again (with
+    /// the new token [`Policy::request`] now carries).
+    Retry {
+        /// The pause before the next attempt.
+        after: Duration,
+        /// The token of the ambiguous attempt: release it, never use it again.
+        abandon: String,
+        /// What went wrong.
+        error: BackendError,
+    },
+    /// Give up: the command is not started.
+    Fail {
+        /// What went wrong.
+        error: BackendError,
+        /// The token of an attempt that may have been applied unseen, to give back.
+        abandon: Option<String>,
+    },
+}
+
+/// The acquire policy of one run.
+#[derive(Clone, Debug)]
+pub(crate) struct Policy {
+    terms: Terms,
+    request: AcquireRequest,
+    random: Random,
+    started_at: BootInstant,
+    give_up_at: BootInstant,
+}
+
+impl Policy {
+    /// A policy for acquiring with `request` (its token is the first attempt's),
+    /// started at `started_at`.
+    pub fn new(
+        terms: Terms,
+        request: AcquireRequest,
+        random: Random,
+        started_at: BootInstant,
+    ) -> Self {
+        Policy {
+            give_up_at: started_at + terms.wait,
+            terms,
+            request,
+            random,
+            started_at,
+        }
+    }
+
+    /// The request the next attempt must send (with the current token).
+    pub fn request(&self) -> &AcquireRequest {
+        &self.request
+    }
+
+    /// Decides what follows `reply`, read at `now`.
+    pub fn on_reply(&mut self, reply: Reply, now: BootInstant) -> Next {
+        match reply {
+            Reply::Acquired {
+                fencing_token,
+                sent_at,
+            } => {
+                let lease = &self.terms.lease;
+                if now < lease.deadline_from(sent_at) - lease.grace() {
+                    return Next::Take(Taken {
+                        sent_at,
+                        fencing_token,
+                        token: self.request.token.clone(),
+                        waited: now.saturating_since(self.started_at),
+                    });
+                }
+                let why = format!(
+                    "{} answered too slowly to use the lease",
+                    self.terms.backend
+                );
+                self.failed(BackendError::Unavailable(why), now)
+            }
+            Reply::Busy(holder) if now >= self.give_up_at => Next::GiveUpBusy {
+                holder,
+                waited: now.saturating_since(self.started_at),
+            },
+            Reply::Busy(holder) => Next::Wait {
+                holder,
+                for_at_most: self.give_up_at.saturating_since(now),
+            },
+            Reply::Failed(error) => self.failed(error, now),
+            Reply::TimedOut => {
+                let why = format!(
+                    "the backend at {} did not answer within {}",
+                    self.terms.backend,
+                    ms(self.terms.request_timeout)
+                );
+                self.failed(BackendError::Unavailable(why), now)
+            }
+        }
+    }
+
+    /// A failed attempt: permanent errors end it; after a transient one the token is
+    /// rotated (the attempt may have been applied unseen) and a retry follows if it
+    /// comes before the give-up time.
+    fn failed(&mut self, error: BackendError, now: BootInstant) -> Next {
+        if !error.is_transient() {
+            return Next::Fail {
+                error,
+                abandon: None,
+            };
+        }
+        let abandon = std::mem::replace(&mut self.request.token, (self.random.token)());
+        let after = RETRY_MIN + Duration::from_millis((self.random.number)() % RETRY_SPREAD_MS);
+        if now + after >= self.give_up_at {
+            return Next::Fail {
+                error,
+                abandon: Some(abandon),
+            };
+        }
+        Next::Retry {
+            after,
+            abandon,
+            error,
+        }
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests;
