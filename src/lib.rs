@@ -3,12 +3,16 @@
 //! A map of the crate, in the order a run flows through it:
 //!
 //! - [`cli`]: the command line as typed (clap). [`config`] checks it into a
-//!   [`config::RunConfig`] (the backend URLs in `config/backend.rs`): the only
-//!   configuration the rest of the code sees.
+//!   [`config::RunConfig`]: the only configuration the rest of the code sees. The
+//!   backend URLs are checked by the parser of their scheme, found in the table
+//!   [`backend::KINDS`] (the `--url` help is built from it too).
 //! - [`backend`]: the [`backend::Backend`] trait (acquire, renew, release, inspect)
-//!   with typed results, and [`backend::AnyBackend`] choosing one: [`backend::redis`]
-//!   (one Lua script a step; also behind Sentinel), [`backend::redlock`] (a quorum of
-//!   Redis servers), [`backend::postgres`] (a lease row) and [`backend::etcd`] (a lease).
+//!   with typed results, [`backend::AnyBackend`] holding any of them, and one module
+//!   (or folder) per backend, each owning its URL, options, connection and requests:
+//!   [`backend::redis`] (one Lua script a step; Sentinel and the Redlock quorum in
+//!   its folder), [`backend::postgres`] (a lease row) and [`backend::etcd`] (a
+//!   lease). Every backend keeps its connection in one [`backend::conn::Slot`]:
+//!   made lazily, forgotten after a failed or abandoned call.
 //! - [`run`]: the async driver. It acquires (`run/acquire.rs` carries out what the
 //!   pure acquire policy `run/policy.rs` decides: take, wait, retry with a new token,
 //!   give up), spawns the command through [`supervisor`], then (`run/supervise.rs`)

@@ -5,7 +5,7 @@
 //! `expires_at`. A row is never deleted by lockrun: release and `release --force` mark it
 //! free (empty token, expired), so that the row lock orders every acquisition of a name.
 //!
-//! Every step is ONE autocommit statement, atomic on the server (see [`Sql`]):
+//! Every step is ONE autocommit statement, atomic on the server (see `sql.rs`):
 //! - expiry is judged by the database's clock, `now()`: the start of the statement's own
 //!   transaction. It is one value for the whole statement (so no check can disagree with
 //!   another), it is never later than the real time of the check (so a lease is never

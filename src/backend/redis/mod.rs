@@ -2,11 +2,11 @@
 //! behind Sentinel (`redis+sentinel://`); [`redlock`] builds a quorum of these.
 //!
 //! Keys of lock `NAME` under prefix `P` all carry the `{NAME}` hash tag (see
-//! [`scripts::Keys`]): the lock hash with the lease as its PX expiry, the fencing
+//! `scripts::Keys`): the lock hash with the lease as its PX expiry, the fencing
 //! counter, and the queue of `--wait`ers with their heartbeats; a release wakes only
 //! the longest-waiting live waiter, on its own pub/sub channel.
 //!
-//! Every step is one Lua script ([`scripts::Script`]), atomic on the server, sent with
+//! Every step is one Lua script (`scripts::Script`), atomic on the server, sent with
 //! EVAL: one round trip, and nothing to reload after a server restart. Renew and
 //! release compare the stored token with ours before touching the key.
 //!
