@@ -1,6 +1,9 @@
-//! Redlock over three independent `redis-server`s: held only while a majority holds it,
-//! exclusive and with increasing fencing tokens while a majority keeps its data, and the
-//! command stopped before the quorum's validity ends when a majority goes away.
+//! What only Redlock has, over three independent `redis-server`s: held only while a
+//! majority holds it, exclusive and with increasing fencing tokens while a majority keeps
+//! its data (one server down and one restarted empty), the command stopped before the
+//! quorum's validity ends when a majority goes away but not when a minority does, and
+//! how a quorum is given. The contract every backend keeps, with all three servers
+//! faulted at once, is tested in the conformance suite.
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -46,49 +49,6 @@ fn token_run(servers: &[RedisServer], s: &Scratch) -> u64 {
     cmd.env("OUT", s.path("out"));
     run(cmd).assert_code(0);
     s.read("out").trim().parse().unwrap()
-}
-
-#[test]
-fn quorum_commands_never_overlap_and_tokens_increase() {
-    let servers = servers();
-    let s = Scratch::new();
-    let script = r#"
-        mkdir "$INSIDE" 2>/dev/null || echo overlap >> "$BAD"
-        echo "$LOCKRUN_FENCING_TOKEN" >> "$TOKENS"
-        sleep 0.01
-        rmdir "$INSIDE" 2>/dev/null || echo overlap >> "$BAD"
-    "#;
-    thread::scope(|scope| {
-        for _ in 0..4 {
-            scope.spawn(|| {
-                for _ in 0..5 {
-                    let mut cmd = quorum_run(
-                        &servers,
-                        "job",
-                        &["--wait", "120s", "--ttl", "2s"],
-                        &sh(script),
-                    );
-                    cmd.env("INSIDE", s.path("inside"))
-                        .env("BAD", s.path("bad"))
-                        .env("TOKENS", s.path("tokens"));
-                    spawn(cmd).wait_for(Duration::from_secs(150)).assert_code(0);
-                }
-            });
-        }
-    });
-    assert_eq!(s.read("bad"), "", "two commands held the quorum at once");
-    let tokens: Vec<u64> = s
-        .read("tokens")
-        .lines()
-        .map(|l| l.parse().unwrap())
-        .collect();
-    assert_eq!(tokens.len(), 20);
-    for w in tokens.windows(2) {
-        assert!(
-            w[1] > w[0],
-            "tokens not increasing in order of entry: {tokens:?}"
-        );
-    }
 }
 
 #[test]
@@ -153,11 +113,12 @@ fn majority_down_mid_run_stops_the_command_before_the_validity_ends() {
     let fault = Instant::now();
     servers[0].kill();
     servers[1].kill();
-    let deadline = fault + Duration::from_secs(2);
-    while Instant::now() < deadline && !is_dead(pid) {
-        thread::sleep(Duration::from_millis(2));
-    }
-    assert!(is_dead(pid), "the command outlived the quorum's validity");
+    assert_dead_by(
+        pid,
+        fault,
+        fault + Duration::from_secs(2),
+        "a majority down",
+    );
     lr.wait().assert_failure(124);
 }
 

@@ -172,16 +172,6 @@ impl EtcdServer {
         self.get(key).is_some()
     }
 
-    /// Deletes `key` behind lockrun's back.
-    pub fn del(&self, key: &str) {
-        self.etcdctl(&["del", key]);
-    }
-
-    /// Writes `key` (to move the revision counter along).
-    pub fn put(&self, key: &str, value: &str) {
-        self.etcdctl(&["put", key, value]);
-    }
-
     /// The seconds left on lease `id` (-1 when it does not exist).
     pub fn lease_ttl(&self, id: u64) -> i64 {
         self.json(&["lease", "timetolive", &format!("{id:x}")])["ttl"]

@@ -325,20 +325,6 @@ fn read_all(f: &mut File) -> String {
     s
 }
 
-/// `lockrun status --json --url URL NAME`: its exit code and the parsed object.
-pub fn status_json(url: &str, name: &str) -> (Option<i32>, serde_json::Value) {
-    let mut cmd = lockrun();
-    cmd.args(["status", "--json", "--url", url, name]);
-    let f = run(cmd);
-    let v = serde_json::from_str(f.stdout.trim()).unwrap_or_else(|e| {
-        panic!(
-            "status --json printed no JSON object ({e}): stdout {:?}, stderr {:?}",
-            f.stdout, f.stderr
-        )
-    });
-    (f.code, v)
-}
-
 /// Parses a fencing token as lockrun hands it to the command.
 pub fn parse_token(s: &str) -> u128 {
     let t: u128 = s
