@@ -25,13 +25,30 @@ fn assert_refused_without_leak(f: &Finished, s: &Scratch, secret: &str) {
     );
 }
 
+/// Runs [`RECORD`] under lockrun on `url` with `opts` and the extra environment `env`;
+/// returns how it ended and the scratch directory of its "out" file.
+fn record_run(url: &str, opts: &[&str], env: &[(&str, &str)]) -> (Finished, Scratch) {
+    let s = Scratch::new();
+    let mut cmd = lockrun_run(url, "job", opts, &sh(RECORD));
+    cmd.env("OUT", s.path("out")).envs(env.iter().copied());
+    (run(cmd), s)
+}
+
+/// [`record_run`] on `redis` with `password` in a `--password-file`, written the way
+/// `echo "$PW" > file` would: with a trailing newline.
+fn password_file_run(redis: &RedisServer, password: &str) -> (Finished, Scratch) {
+    let dir = Scratch::new();
+    let file = dir.path("pw");
+    std::fs::write(&file, format!("{password}\n")).unwrap();
+    let opts = ["--password-file", file.to_str().unwrap()];
+    record_run(&redis.url(), &opts, &[])
+}
+
 #[test]
 fn password_in_url_works() {
     let redis = RedisServer::with_password(PASSWORD);
-    let s = Scratch::new();
-    let mut cmd = lockrun_run(&redis.url_with_password(), "job", &[], &sh(RECORD));
-    cmd.env("OUT", s.path("out"));
-    assert_ran(&run(cmd), &s);
+    let (f, s) = record_run(&redis.url_with_password(), &[], &[]);
+    assert_ran(&f, &s);
 }
 
 #[test]
@@ -48,78 +65,45 @@ fn password_in_lockrun_url_environment_works() {
 #[test]
 fn password_from_lockrun_password_works() {
     let redis = RedisServer::with_password(PASSWORD);
-    let s = Scratch::new();
-    let mut cmd = lockrun_run(&redis.url(), "job", &[], &sh(RECORD));
-    cmd.env("LOCKRUN_PASSWORD", PASSWORD)
-        .env("OUT", s.path("out"));
-    assert_ran(&run(cmd), &s);
+    let (f, s) = record_run(&redis.url(), &[], &[("LOCKRUN_PASSWORD", PASSWORD)]);
+    assert_ran(&f, &s);
 }
 
 #[test]
 fn password_from_password_file_works() {
     let redis = RedisServer::with_password(PASSWORD);
-    let s = Scratch::new();
-    // Written the way `echo "$PW" > file` would: with a trailing newline.
-    std::fs::write(s.path("pw"), format!("{PASSWORD}\n")).unwrap();
-    let pw_file = s.path("pw");
-    let mut cmd = lockrun_run(
-        &redis.url(),
-        "job",
-        &["--password-file", pw_file.to_str().unwrap()],
-        &sh(RECORD),
-    );
-    cmd.env("OUT", s.path("out"));
-    assert_ran(&run(cmd), &s);
+    let (f, s) = password_file_run(&redis, PASSWORD);
+    assert_ran(&f, &s);
 }
 
 #[test]
 fn wrong_password_from_lockrun_password_fails_closed_without_showing_it() {
     let redis = RedisServer::with_password(PASSWORD);
-    let s = Scratch::new();
-    let mut cmd = lockrun_run(&redis.url(), "job", &[], &sh(RECORD));
-    cmd.env("LOCKRUN_PASSWORD", WRONG).env("OUT", s.path("out"));
-    assert_refused_without_leak(&run(cmd), &s, WRONG);
+    let (f, s) = record_run(&redis.url(), &[], &[("LOCKRUN_PASSWORD", WRONG)]);
+    assert_refused_without_leak(&f, &s, WRONG);
 }
 
 #[test]
 fn wrong_password_in_url_fails_closed_without_showing_it() {
     let redis = RedisServer::with_password(PASSWORD);
-    let s = Scratch::new();
     let url = format!("redis://:{WRONG}@127.0.0.1:{}", redis.port());
-    let mut cmd = lockrun_run(&url, "job", &[], &sh(RECORD));
-    cmd.env("OUT", s.path("out"));
-    assert_refused_without_leak(&run(cmd), &s, WRONG);
+    let (f, s) = record_run(&url, &[], &[]);
+    assert_refused_without_leak(&f, &s, WRONG);
 }
 
 #[test]
 fn wrong_password_file_fails_closed_without_showing_it() {
     let redis = RedisServer::with_password(PASSWORD);
-    let s = Scratch::new();
-    std::fs::write(s.path("pw"), format!("{WRONG}\n")).unwrap();
-    let pw_file = s.path("pw");
-    let mut cmd = lockrun_run(
-        &redis.url(),
-        "job",
-        &["--password-file", pw_file.to_str().unwrap()],
-        &sh(RECORD),
-    );
-    cmd.env("OUT", s.path("out"));
-    assert_refused_without_leak(&run(cmd), &s, WRONG);
+    let (f, s) = password_file_run(&redis, WRONG);
+    assert_refused_without_leak(&f, &s, WRONG);
 }
 
 #[test]
 fn missing_password_file_fails_closed() {
     let redis = RedisServer::with_password(PASSWORD);
-    let s = Scratch::new();
-    let missing = s.path("no-such-password-file");
-    let mut cmd = lockrun_run(
-        &redis.url(),
-        "job",
-        &["--password-file", missing.to_str().unwrap()],
-        &sh(RECORD),
-    );
-    cmd.env("OUT", s.path("out"));
-    let f = run(cmd);
+    let missing = Scratch::new().path("no-such-password-file");
+    let opts = ["--password-file", missing.to_str().unwrap()];
+    let (f, s) = record_run(&redis.url(), &opts, &[]);
     f.assert_failure(125);
     assert!(!s.exists("out"));
 }
@@ -127,10 +111,8 @@ fn missing_password_file_fails_closed() {
 #[test]
 fn no_password_against_requirepass_fails_closed() {
     let redis = RedisServer::with_password(PASSWORD);
-    let s = Scratch::new();
-    let mut cmd = lockrun_run(&redis.url(), "job", &[], &sh(RECORD));
-    cmd.env("OUT", s.path("out"));
-    assert_refused_without_leak(&run(cmd), &s, PASSWORD);
+    let (f, s) = record_run(&redis.url(), &[], &[]);
+    assert_refused_without_leak(&f, &s, PASSWORD);
 }
 
 #[test]

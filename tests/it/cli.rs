@@ -5,18 +5,6 @@
 
 use crate::support::*;
 
-/// A command that records it started, then runs until `$GO` exists.
-const HOLD: &str = r#"touch "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.02; done"#;
-
-fn start_holder(url: &str, name: &str, s: &Scratch, opts: &[&str]) -> Running {
-    let mut cmd = lockrun_run(url, name, opts, &sh(HOLD));
-    cmd.env("STARTED", s.path("started"))
-        .env("GO", s.path("go"));
-    let holder = spawn(cmd);
-    wait_until("the holder's command started", WAIT, || s.exists("started"));
-    holder
-}
-
 #[test]
 fn help_and_version_exit_0() {
     let mut cmd = lockrun();
@@ -107,11 +95,8 @@ fn options_are_read_from_lockrun_environment_variables() {
     cmd.args(["job", "--", "sh", "-c", HOLD])
         .env("LOCKRUN_URL", redis.url())
         .env("LOCKRUN_TTL", "7s")
-        .env("LOCKRUN_KEY_PREFIX", "envtest:")
-        .env("STARTED", s.path("started"))
-        .env("GO", s.path("go"));
-    let mut holder = spawn(cmd);
-    wait_until("the command started", WAIT, || s.exists("started"));
+        .env("LOCKRUN_KEY_PREFIX", "envtest:");
+    let (mut holder, _) = hold(cmd, &s);
     let key = "envtest:{job}";
     assert!(
         redis.exists(key),
@@ -146,7 +131,7 @@ fn quiet_successful_run_prints_nothing_on_stderr() {
 fn json_log_lines_are_objects_with_ts_level_event_and_lock() {
     let redis = RedisServer::start();
     let s = Scratch::new();
-    let mut holder = start_holder(&redis.url(), "job", &s, &[]);
+    let (mut holder, _) = start_holder(&redis.url(), "job", &s, &[]);
     let busy = run(lockrun_run(
         &redis.url(),
         "job",
@@ -197,7 +182,7 @@ fn status_with_a_bad_name_exits_125() {
 fn release_without_force_is_refused() {
     let redis = RedisServer::start();
     let s = Scratch::new();
-    let mut holder = start_holder(&redis.url(), "job", &s, &[]);
+    let (mut holder, _) = start_holder(&redis.url(), "job", &s, &[]);
     let mut cmd = lockrun();
     cmd.args(["release", "--url", &redis.url(), "job"]);
     let f = run(cmd);
@@ -215,7 +200,7 @@ fn release_without_force_is_refused() {
 fn humantime_durations_are_accepted() {
     let redis = RedisServer::start();
     let s = Scratch::new();
-    let mut holder = start_holder(&redis.url(), "job", &s, &["--ttl", "1m 30s"]);
+    let (mut holder, _) = start_holder(&redis.url(), "job", &s, &["--ttl", "1m 30s"]);
     let pttl = redis.pttl(&lock_key("job"));
     assert!(
         pttl > 60_000 && pttl <= 90_000,

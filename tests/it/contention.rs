@@ -8,61 +8,35 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 
-/// A command that records it started, then runs until `$GO` exists.
-const HOLD: &str = r#"touch "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.02; done"#;
-
-/// Starts a lockrun holding `name` until the scratch file "go" exists; returns once its
-/// command runs.
-fn start_holder(url: &str, name: &str, s: &Scratch, opts: &[&str]) -> Running {
-    let mut cmd = lockrun_run(url, name, opts, &sh(HOLD));
-    cmd.env("STARTED", s.path("started"))
-        .env("GO", s.path("go"));
-    let holder = spawn(cmd);
-    wait_until("the holder's command started", WAIT, || s.exists("started"));
-    holder
+/// Runs a command while the lock is held, with `opts` and the extra environment `env`:
+/// it must exit `code` without running the command.
+fn busy_run_exits(code: i32, opts: &[&str], env: &[(&str, &str)]) {
+    let redis = RedisServer::start();
+    let s = Scratch::new();
+    let (mut holder, _) = start_holder(&redis.url(), "job", &s, &[]);
+    let mut cmd = lockrun_run(&redis.url(), "job", opts, &sh(r#"touch "$MARK""#));
+    cmd.env("MARK", s.path("marker")).envs(env.iter().copied());
+    run(cmd).assert_failure(code);
+    assert!(!s.exists("marker"), "the busy run started its command");
+    s.touch("go");
+    holder.wait().assert_code(0);
 }
 
 #[test]
 fn conflict_exit_code_option_sets_the_busy_status() {
-    let redis = RedisServer::start();
-    let s = Scratch::new();
-    let mut holder = start_holder(&redis.url(), "job", &s, &[]);
-
-    let mut cmd = lockrun_run(
-        &redis.url(),
-        "job",
-        &["--conflict-exit-code", "3"],
-        &sh(r#"touch "$MARK""#),
-    );
-    cmd.env("MARK", s.path("marker"));
-    run(cmd).assert_failure(3);
-    assert!(!s.exists("marker"));
-
-    s.touch("go");
-    holder.wait().assert_code(0);
+    busy_run_exits(3, &["--conflict-exit-code", "3"], &[]);
 }
 
 #[test]
 fn conflict_exit_code_environment_sets_the_busy_status() {
-    let redis = RedisServer::start();
-    let s = Scratch::new();
-    let mut holder = start_holder(&redis.url(), "job", &s, &[]);
-
-    let mut cmd = lockrun_run(&redis.url(), "job", &[], &sh(r#"touch "$MARK""#));
-    cmd.env("MARK", s.path("marker"))
-        .env("LOCKRUN_CONFLICT_EXIT_CODE", "4");
-    run(cmd).assert_failure(4);
-    assert!(!s.exists("marker"));
-
-    s.touch("go");
-    holder.wait().assert_code(0);
+    busy_run_exits(4, &[], &[("LOCKRUN_CONFLICT_EXIT_CODE", "4")]);
 }
 
 #[test]
 fn signal_while_waiting_gives_up_without_running_the_command() {
     let redis = RedisServer::start();
     let s = Scratch::new();
-    let mut holder = start_holder(&redis.url(), "job", &s, &[]);
+    let (mut holder, _) = start_holder(&redis.url(), "job", &s, &[]);
 
     let mut cmd = lockrun_run(
         &redis.url(),

@@ -8,21 +8,6 @@ use std::time::Duration;
 
 use crate::support::*;
 
-/// A command that records it started, then runs until `$GO` exists.
-const HOLD: &str =
-    r#"echo "$LOCKRUN_FENCING_TOKEN" > "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.02; done"#;
-
-/// Starts a lockrun holding `name` until the scratch file "go" exists; returns it and its
-/// fencing token once its command runs.
-fn start_holder(url: &str, name: &str, s: &Scratch, opts: &[&str]) -> (Running, String) {
-    let mut cmd = lockrun_run(url, name, opts, &sh(HOLD));
-    cmd.env("STARTED", s.path("started"))
-        .env("GO", s.path("go"));
-    let holder = spawn(cmd);
-    let token = wait_line(&s.path("started"));
-    (holder, token)
-}
-
 #[test]
 fn runs_and_busy_runs_leave_no_key_or_lease_behind() {
     let etcd = EtcdServer::start();
@@ -32,7 +17,7 @@ fn runs_and_busy_runs_leave_no_key_or_lease_behind() {
     let key = etcd
         .get(&etcd_key("job"))
         .expect("the holder's lock is gone");
-    assert_eq!(key.create_revision as u128, parse_token(&token));
+    assert_eq!(key.create_revision as u128, token);
     assert_eq!(etcd.lease_count(), 1, "the busy run left a lease behind");
     s.touch("go");
     holder.wait().assert_code(0);
@@ -46,7 +31,7 @@ fn the_key_holds_the_holder_and_is_created_at_the_fencing_token() {
     let s = Scratch::new();
     let (mut holder, token) = start_holder(&etcd.url(), "job", &s, &["--ttl", "10s"]);
     let key = etcd.get(&etcd_key("job")).expect("the lock key exists");
-    assert_eq!(key.create_revision as u128, parse_token(&token));
+    assert_eq!(key.create_revision as u128, token);
     let value: serde_json::Value = serde_json::from_str(&key.value).expect("JSON value");
     assert_eq!(value["host"], hostname());
     assert_eq!(value["pid"], holder.pid());

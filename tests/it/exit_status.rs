@@ -307,12 +307,7 @@ fn command_killed_from_outside_gives_128_plus_n() {
     // not as 124.
     let redis = RedisServer::start();
     let s = Scratch::new();
-    let mut cmd = lockrun_run(
-        &redis.url(),
-        "job",
-        &[],
-        &sh(r#"echo $$ > "$PIDFILE"; exec sleep 60"#),
-    );
+    let mut cmd = lockrun_run(&redis.url(), "job", &[], &sh(SLEEPER));
     cmd.env("PIDFILE", s.path("pid"));
     let mut lr = spawn(cmd);
     let pid = wait_pid(&s.path("pid"));

@@ -32,16 +32,7 @@ fn tokens_of_different_names_are_independent_locks() {
     // Two names can be held at the same time.
     let redis = RedisServer::start();
     let s = Scratch::new();
-    let mut cmd = lockrun_run(
-        &redis.url(),
-        "first",
-        &[],
-        &sh(r#"touch "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.02; done"#),
-    );
-    cmd.env("STARTED", s.path("started"))
-        .env("GO", s.path("go"));
-    let mut holder = spawn(cmd);
-    wait_until("the first command started", WAIT, || s.exists("started"));
+    let (mut holder, _) = start_holder(&redis.url(), "first", &s, &[]);
     token_of_one_run(&redis.url(), "second");
     s.touch("go");
     holder.wait().assert_code(0);
@@ -97,15 +88,7 @@ fn token_still_increases_after_a_counter_far_ahead_of_the_clock() {
 fn lock_hash_records_token_fence_holder_and_ttl() {
     let redis = RedisServer::start();
     let s = Scratch::new();
-    let mut cmd = lockrun_run(
-        &redis.url(),
-        "job",
-        &["--ttl", "20s"],
-        &sh(r#"echo "$LOCKRUN_FENCING_TOKEN" > "$OUT"; while [ ! -e "$GO" ]; do sleep 0.02; done"#),
-    );
-    cmd.env("OUT", s.path("out")).env("GO", s.path("go"));
-    let mut holder = spawn(cmd);
-    let token = parse_token(&wait_line(&s.path("out")));
+    let (mut holder, token) = start_holder(&redis.url(), "job", &s, &["--ttl", "20s"]);
     let key = lock_key("job");
 
     let pttl = redis.pttl(&key);
@@ -163,16 +146,7 @@ fn owner_tokens_differ_between_runs() {
     let mut owners = Vec::new();
     for _ in 0..2 {
         let s = Scratch::new();
-        let mut cmd = lockrun_run(
-            &redis.url(),
-            "job",
-            &[],
-            &sh(r#"touch "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.02; done"#),
-        );
-        cmd.env("STARTED", s.path("started"))
-            .env("GO", s.path("go"));
-        let mut holder = spawn(cmd);
-        wait_until("the command started", WAIT, || s.exists("started"));
+        let (mut holder, _) = start_holder(&redis.url(), "job", &s, &[]);
         owners.push(redis.hget(&lock_key("job"), "token").expect("token field"));
         s.touch("go");
         holder.wait().assert_code(0);
@@ -187,16 +161,7 @@ fn owner_tokens_differ_between_runs() {
 fn key_prefix_option_namespaces_the_keys() {
     let redis = RedisServer::start();
     let s = Scratch::new();
-    let mut cmd = lockrun_run(
-        &redis.url(),
-        "job",
-        &["--key-prefix", "other:"],
-        &sh(r#"touch "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.02; done"#),
-    );
-    cmd.env("STARTED", s.path("started"))
-        .env("GO", s.path("go"));
-    let mut holder = spawn(cmd);
-    wait_until("the command started", WAIT, || s.exists("started"));
+    let (mut holder, _) = start_holder(&redis.url(), "job", &s, &["--key-prefix", "other:"]);
     assert!(redis.exists("other:{job}"), "no key other:{{job}}");
     assert!(!redis.lock_held("job"), "the default-prefix key was used");
     // The same name under the default prefix is another lock.

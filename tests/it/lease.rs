@@ -21,9 +21,6 @@ use nix::sys::signal::Signal;
 const STUBBORN: &str =
     r#"trap 'echo TERM >> "$LOG"' TERM; echo $$ > "$PIDFILE"; while :; do sleep 0.1; done"#;
 
-/// A command that records its pid in `$PIDFILE` and sleeps (dies on SIGTERM).
-const SLEEPER: &str = r#"echo $$ > "$PIDFILE"; exec sleep 60"#;
-
 /// The lease of the tests that lose it.
 const TTL: Duration = Duration::from_secs(2);
 
@@ -61,138 +58,146 @@ fn lease_is_renewed_while_the_command_runs() {
     assert!(!redis.lock_held("job"));
 }
 
+/// Redis behind a proxy, and a lockrun through it whose command runs until the scratch
+/// file "go" exists, then exits 3.
+struct Proxied {
+    redis: RedisServer,
+    proxy: Proxy,
+    s: Scratch,
+    lr: Running,
+    pid: i32,
+}
+
+impl Proxied {
+    /// Starts it all with lockrun's `opts`; returns once the command runs.
+    fn start(opts: &[&str]) -> Proxied {
+        let redis = RedisServer::start();
+        let proxy = Proxy::start(redis.port());
+        let s = Scratch::new();
+        let script = r#"echo $$ > "$PIDFILE"; while [ ! -e "$GO" ]; do sleep 0.02; done; exit 3"#;
+        let mut cmd = lockrun_run(&proxy.url(), "job", opts, &sh(script));
+        cmd.env("PIDFILE", s.path("pid")).env("GO", s.path("go"));
+        let lr = spawn(cmd);
+        let pid = wait_pid(&s.path("pid"));
+        Proxied {
+            redis,
+            proxy,
+            s,
+            lr,
+            pid,
+        }
+    }
+
+    /// Panics unless the command is still running, now and for `how_long`.
+    fn assert_alive_for(&self, how_long: Duration, what: &str) {
+        let start = Instant::now();
+        loop {
+            assert!(is_alive(self.pid), "the command was stopped {what}");
+            if start.elapsed() >= how_long {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Lets the command end: lockrun passes its status on and frees the lock.
+    fn finish(mut self) {
+        self.s.touch("go");
+        self.lr.wait().assert_code(3);
+        assert!(!self.redis.lock_held("job"));
+    }
+}
+
 #[test]
 fn lock_survives_a_cut_connection() {
     // A transient error (the connection is reset, the server is fine) is retried while the
     // lease is valid: the command keeps running and ends normally.
-    let redis = RedisServer::start();
-    let proxy = Proxy::start(redis.port());
-    let s = Scratch::new();
-    let mut cmd = lockrun_run(
-        &proxy.url(),
-        "job",
-        &["--ttl", "2s", "--renew-every", "300ms"],
-        &sh(r#"echo $$ > "$PIDFILE"; while [ ! -e "$GO" ]; do sleep 0.02; done; exit 3"#),
-    );
-    cmd.env("PIDFILE", s.path("pid")).env("GO", s.path("go"));
-    let mut lr = spawn(cmd);
-    let pid = wait_pid(&s.path("pid"));
-
-    proxy.set_mode(Mode::Cut);
+    let p = Proxied::start(&["--ttl", "2s", "--renew-every", "300ms"]);
+    p.proxy.set_mode(Mode::Cut);
     let cut = Instant::now();
     // Past one TTL after the cut the key can only exist if renewals went on after it.
     while cut.elapsed() < TTL + Duration::from_millis(500) {
+        p.assert_alive_for(Duration::ZERO, "after a connection reset");
         assert!(
-            is_alive(pid),
-            "the command was stopped after a connection reset"
-        );
-        assert!(
-            redis.lock_held("job"),
+            p.redis.lock_held("job"),
             "the lock lapsed after a connection reset"
         );
         thread::sleep(Duration::from_millis(20));
     }
-    s.touch("go");
-    lr.wait().assert_code(3);
-    assert!(!redis.lock_held("job"));
+    p.finish();
 }
 
 #[test]
 fn lock_survives_a_short_partition() {
     // The network swallows everything for well under the lease; lockrun retries and keeps
     // the lock.
-    let redis = RedisServer::start();
-    let proxy = Proxy::start(redis.port());
-    let s = Scratch::new();
-    let mut cmd = lockrun_run(
-        &proxy.url(),
-        "job",
-        &["--ttl", "6s", "--renew-every", "500ms"],
-        &sh(r#"echo $$ > "$PIDFILE"; while [ ! -e "$GO" ]; do sleep 0.02; done; exit 3"#),
-    );
-    cmd.env("PIDFILE", s.path("pid")).env("GO", s.path("go"));
-    let mut lr = spawn(cmd);
-    let pid = wait_pid(&s.path("pid"));
-
-    proxy.set_mode(Mode::Blackhole);
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(1200) {
-        assert!(
-            is_alive(pid),
-            "the command was stopped during a short partition"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
-    proxy.set_mode(Mode::Pass);
+    let p = Proxied::start(&["--ttl", "6s", "--renew-every", "500ms"]);
+    p.proxy.set_mode(Mode::Blackhole);
+    p.assert_alive_for(Duration::from_millis(1200), "during a short partition");
+    p.proxy.set_mode(Mode::Pass);
     // Wait until lockrun has renewed through the healed network: PTTL back near 6s.
     wait_until("a renewal after the partition", WAIT, || {
-        redis.pttl(&lock_key("job")) > 5_000
+        p.redis.pttl(&lock_key("job")) > 5_000
     });
-    assert!(is_alive(pid));
-    s.touch("go");
-    lr.wait().assert_code(3);
-    assert!(!redis.lock_held("job"));
+    p.assert_alive_for(Duration::ZERO, "after the partition");
+    p.finish();
+}
+
+/// Runs a command under a 30 s lease renewed every second, applies `fault` to Redis (a
+/// definite loss), and checks the command is stopped (124) within `limit`, long before
+/// the lease could have expired.
+fn loss_stops_the_command(
+    redis: &mut RedisServer,
+    fault: impl FnOnce(&mut RedisServer),
+    limit: Duration,
+    what: &str,
+) {
+    let s = Scratch::new();
+    let reaper = Reaper::default();
+    let opts = ["--ttl", "30s", "--renew-every", "1s"];
+    let cmd = lockrun_run(&redis.url(), "job", &opts, &sh(SLEEPER));
+    let (mut lr, pid) = spawn_recording_pid(cmd, &s, &reaper);
+    let at = Instant::now();
+    fault(redis);
+    let f = lr.wait();
+    let took = f.ended - at;
+    f.assert_failure(124);
+    assert!(is_dead(pid), "the command survived the lost lock");
+    assert!(
+        took < limit,
+        "lockrun took {took:?} to stop after {what} (renewal every 1s)"
+    );
 }
 
 #[test]
 fn flushall_stops_the_command_within_a_renewal_period() {
-    let redis = RedisServer::start();
-    let s = Scratch::new();
-    let reaper = Reaper::default();
-    let mut cmd = lockrun_run(
-        &redis.url(),
-        "job",
-        &["--ttl", "30s", "--renew-every", "1s"],
-        &sh(SLEEPER),
-    );
-    cmd.env("PIDFILE", s.path("pid"));
-    let mut lr = spawn(cmd);
-    let pid = wait_pid(&s.path("pid"));
-    reaper.add(pid);
-
-    let fault = Instant::now();
-    redis.flushall();
-    let f = lr.wait();
-    let took = f.ended - fault;
-    f.assert_failure(124);
-    assert!(is_dead(pid), "the command survived the lost lock");
-    assert!(
-        took < Duration::from_millis(1000 + 2500),
-        "lockrun took {took:?} to stop after FLUSHALL (renewal every 1s)"
+    let mut redis = RedisServer::start();
+    let flush = |r: &mut RedisServer| r.flushall();
+    loss_stops_the_command(
+        &mut redis,
+        flush,
+        Duration::from_millis(1000 + 2500),
+        "FLUSHALL",
     );
 }
 
 #[test]
 fn another_token_in_the_key_stops_the_command_and_is_left_alone() {
-    let redis = RedisServer::start();
-    let s = Scratch::new();
-    let reaper = Reaper::default();
-    let mut cmd = lockrun_run(
-        &redis.url(),
-        "job",
-        &["--ttl", "30s", "--renew-every", "1s"],
-        &sh(SLEEPER),
-    );
-    cmd.env("PIDFILE", s.path("pid"));
-    let mut lr = spawn(cmd);
-    let pid = wait_pid(&s.path("pid"));
-    reaper.add(pid);
-
+    let mut redis = RedisServer::start();
     let key = lock_key("job");
-    let fault = Instant::now();
-    let _: () = redis.query(
-        redis::cmd("HSET")
-            .arg(&key)
-            .arg("token")
-            .arg("someone-else"),
-    );
-    let f = lr.wait();
-    let took = f.ended - fault;
-    f.assert_failure(124);
-    assert!(is_dead(pid));
-    assert!(
-        took < Duration::from_millis(1000 + 2500),
-        "lockrun took {took:?} to stop after losing the lock (renewal every 1s)"
+    let steal = |r: &mut RedisServer| {
+        let _: () = r.query(
+            redis::cmd("HSET")
+                .arg(&key)
+                .arg("token")
+                .arg("someone-else"),
+        );
+    };
+    loss_stops_the_command(
+        &mut redis,
+        steal,
+        Duration::from_millis(1000 + 2500),
+        "losing the lock",
     );
     assert_eq!(
         redis.hget(&key, "token").as_deref(),
@@ -203,6 +208,19 @@ fn another_token_in_the_key_stops_the_command_and_is_left_alone() {
     assert!(
         pttl > 20_000,
         "lockrun changed the other owner's expiry (PTTL {pttl})"
+    );
+}
+
+#[test]
+fn redis_restarted_mid_run_stops_the_command() {
+    // The server came back empty: the key is gone, a definite loss, found at the next
+    // renewal after reconnecting.
+    let mut redis = RedisServer::start();
+    loss_stops_the_command(
+        &mut redis,
+        RedisServer::restart,
+        Duration::from_millis(1000 + 3000),
+        "Redis restarted empty",
     );
 }
 
@@ -247,7 +265,7 @@ fn kill_after_escalates_to_sigkill_on_loss() {
     let redis = RedisServer::start();
     let s = Scratch::new();
     let reaper = Reaper::default();
-    let mut cmd = lockrun_run(
+    let cmd = lockrun_run(
         &redis.url(),
         "job",
         &[
@@ -260,10 +278,7 @@ fn kill_after_escalates_to_sigkill_on_loss() {
         ],
         &sh(STUBBORN),
     );
-    cmd.env("PIDFILE", s.path("pid")).env("LOG", s.path("log"));
-    let mut lr = spawn(cmd);
-    let pid = wait_pid(&s.path("pid"));
-    reaper.add(pid);
+    let (mut lr, pid) = spawn_recording_pid(cmd, &s, &reaper);
 
     let fault = Instant::now();
     redis.flushall();
@@ -289,11 +304,8 @@ fn paused_lockrun_kills_its_command_on_resume() {
     let redis = RedisServer::start();
     let s = Scratch::new();
     let reaper = Reaper::default();
-    let mut cmd = lockrun_run(&redis.url(), "job", &["--ttl", "2s"], &sh(SLEEPER));
-    cmd.env("PIDFILE", s.path("pid"));
-    let mut first = spawn(cmd);
-    let pid = wait_pid(&s.path("pid"));
-    reaper.add(pid);
+    let cmd = lockrun_run(&redis.url(), "job", &["--ttl", "2s"], &sh(SLEEPER));
+    let (mut first, pid) = spawn_recording_pid(cmd, &s, &reaper);
 
     first.signal(Signal::SIGSTOP);
     wait_until("the paused holder's lock expired", WAIT, || {
@@ -348,16 +360,13 @@ fn lease_is_counted_from_the_send_time_not_the_reply() {
     let s = Scratch::new();
     let reaper = Reaper::default();
     let ttl = Duration::from_secs(4);
-    let mut cmd = lockrun_run(
+    let cmd = lockrun_run(
         &proxy.url(),
         "job",
         &["--ttl", "4s", "--renew-every", "300ms"],
         &sh(STUBBORN),
     );
-    cmd.env("PIDFILE", s.path("pid")).env("LOG", s.path("log"));
-    let mut lr = spawn(cmd);
-    let pid = wait_pid(&s.path("pid"));
-    reaper.add(pid);
+    let (mut lr, pid) = spawn_recording_pid(cmd, &s, &reaper);
 
     // Watch the key directly (not through the proxy) for a renewal landing on the server.
     let key = lock_key("job");
@@ -379,36 +388,6 @@ fn lease_is_counted_from_the_send_time_not_the_reply() {
         "redis killed with replies in flight",
     );
     lr.wait().assert_failure(124);
-}
-
-#[test]
-fn redis_restarted_mid_run_stops_the_command() {
-    // The server came back empty: the key is gone, a definite loss, found at the next
-    // renewal after reconnecting.
-    let mut redis = RedisServer::start();
-    let s = Scratch::new();
-    let reaper = Reaper::default();
-    let mut cmd = lockrun_run(
-        &redis.url(),
-        "job",
-        &["--ttl", "30s", "--renew-every", "1s"],
-        &sh(SLEEPER),
-    );
-    cmd.env("PIDFILE", s.path("pid"));
-    let mut lr = spawn(cmd);
-    let pid = wait_pid(&s.path("pid"));
-    reaper.add(pid);
-
-    let fault = Instant::now();
-    redis.restart();
-    let f = lr.wait();
-    let took = f.ended - fault;
-    f.assert_failure(124);
-    assert!(is_dead(pid), "the command survived the lost lock");
-    assert!(
-        took < Duration::from_millis(1000 + 3000),
-        "lockrun took {took:?} to stop after Redis restarted empty (renewal every 1s)"
-    );
 }
 
 #[test]

@@ -106,16 +106,7 @@ fn metrics_file_after_a_busy_run_keeps_the_last_success() {
         "lockrun_last_success_timestamp_seconds{lock=\"job\"}",
     );
 
-    let mut cmd = lockrun_run(
-        &redis.url(),
-        "job",
-        &[],
-        &sh(r#"touch "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.02; done"#),
-    );
-    cmd.env("STARTED", s.path("started"))
-        .env("GO", s.path("go"));
-    let mut holder = spawn(cmd);
-    wait_until("the holder's command started", WAIT, || s.exists("started"));
+    let (mut holder, _) = start_holder(&redis.url(), "job", &s, &[]);
     run(lockrun_run(
         &redis.url(),
         "job",

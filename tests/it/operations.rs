@@ -141,17 +141,7 @@ fn metrics_file_is_valid_exposition_format_after_every_outcome() {
     assert_eq!(outcome_of(&check_exposition(&file), "job"), "ran");
 
     // busy
-    let mut holder = lockrun_run(
-        &redis.url(),
-        "job",
-        &[],
-        &sh(r#"touch "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.02; done"#),
-    );
-    holder
-        .env("STARTED", s.path("started"))
-        .env("GO", s.path("go"));
-    let mut holder = spawn(holder);
-    wait_until("the holder started", WAIT, || s.exists("started"));
+    let (mut holder, _) = start_holder(&redis.url(), "job", &s, &[]);
     run(lockrun_run(&redis.url(), "job", &metrics, &["true"])).assert_code(75);
     let m = check_exposition(&file);
     assert_eq!(outcome_of(&m, "job"), "busy");
@@ -164,7 +154,7 @@ fn metrics_file_is_valid_exposition_format_after_every_outcome() {
         &redis.url(),
         "job",
         &[&metrics[..], &["--ttl", "30s", "--renew-every", "300ms"]].concat(),
-        &sh(r#"echo $$ > "$PIDFILE"; exec sleep 60"#),
+        &sh(SLEEPER),
     );
     lost.env("PIDFILE", s.path("pid"));
     let mut lost = spawn(lost);
@@ -240,17 +230,7 @@ fn json_logs_of_a_normal_run_carry_token_wait_hold_and_exit_status() {
 fn json_logs_of_a_busy_run_name_the_holder_and_the_wait() {
     let redis = RedisServer::start();
     let s = Scratch::new();
-    let mut holder = lockrun_run(
-        &redis.url(),
-        "job",
-        &[],
-        &sh(r#"touch "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.02; done"#),
-    );
-    holder
-        .env("STARTED", s.path("started"))
-        .env("GO", s.path("go"));
-    let mut holder = spawn(holder);
-    wait_until("the holder started", WAIT, || s.exists("started"));
+    let (mut holder, _) = start_holder(&redis.url(), "job", &s, &[]);
     let f = run(lockrun_run(
         &redis.url(),
         "job",
@@ -285,7 +265,7 @@ fn json_logs_of_a_lost_lock_give_the_reason() {
             "--kill-after",
             "5s",
         ],
-        &sh(r#"echo $$ > "$PIDFILE"; exec sleep 60"#),
+        &sh(SLEEPER),
     );
     cmd.env("PIDFILE", s.path("pid"));
     let mut lr = spawn(cmd);

@@ -9,9 +9,6 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 
-/// A command that records it started, then runs until `$GO` exists.
-const HOLD: &str = r#"touch "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.02; done"#;
-
 /// A command that records its pid and fencing token, then runs until killed.
 const FOREVER: &str =
     r#"echo $LOCKRUN_FENCING_TOKEN > "$TOKEN"; echo $$ > "$PIDFILE"; exec sleep 600"#;
@@ -173,11 +170,8 @@ fn sslmode_require_encrypts_the_connection() {
         "200ms",
     ])
     .args(["job", "--"])
-    .args(sh(HOLD))
-    .env("STARTED", s.path("started"))
-    .env("GO", s.path("go"));
-    let mut holder = spawn(cmd);
-    wait_until("the holder's command started", WAIT, || s.exists("started"));
+    .args(sh(HOLD));
+    let (mut holder, _) = hold(cmd, &s);
     let ssl = t.db.value(&format!(
         "SELECT bool_and(s.ssl)::text FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
          WHERE a.application_name = 'lockrun' AND a.query LIKE '%{}%'",

@@ -57,17 +57,10 @@ fn one_server_down_and_one_restarted_empty_keeps_exclusion_and_token_order() {
     let s = Scratch::new();
     let before = token_run(&servers, &s);
 
-    let mut holder = quorum_run(
-        &servers,
-        "job",
-        &["--ttl", "10s"],
-        &sh(r#"touch "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.02; done"#),
+    let (mut holder, _) = hold(
+        quorum_run(&servers, "job", &["--ttl", "10s"], &sh(HOLD)),
+        &s,
     );
-    holder
-        .env("STARTED", s.path("started"))
-        .env("GO", s.path("go"));
-    let mut holder = spawn(holder);
-    wait_until("the holder started", WAIT, || s.exists("started"));
     servers[0].kill();
     servers[1].restart(); // no data: it forgot the holder and the counter
 

@@ -129,15 +129,8 @@ pub(super) fn waiter_takes_over_a_crashed_holders_lock(start: Start) {
     let b = start();
     let s = Scratch::new();
     let reaper = Reaper::default();
-    let mut cmd = b.run(
-        "job",
-        &["--ttl", TTL_ARG],
-        &sh(r#"echo $$ > "$PIDFILE"; exec sleep 60"#),
-    );
-    cmd.env("PIDFILE", s.path("pid"));
-    let mut h = spawn(cmd);
-    let pid = wait_pid(&s.path("pid"));
-    reaper.add(pid);
+    let cmd = b.run("job", &["--ttl", TTL_ARG], &sh(SLEEPER));
+    let (mut h, pid) = spawn_recording_pid(cmd, &s, &reaper);
     let mut w = b.run("job", &["--wait", "20s"], &sh(r#"touch "$MARKER""#));
     w.env("MARKER", s.path("marker"));
     let mut w = spawn(w);

@@ -30,19 +30,10 @@ const TTL_ARG: &str = "2s";
 /// runs alone).
 type Start = fn() -> Backend;
 
-/// A command that writes its fencing token to `$STARTED`, then runs until `$GO` exists.
-const HOLD: &str =
-    r#"echo "$LOCKRUN_FENCING_TOKEN" > "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.02; done"#;
-
 /// Starts a lockrun holding `name` until the scratch file "go" exists; returns it and its
 /// fencing token once its command runs.
 fn holder(b: &Backend, name: &str, s: &Scratch, opts: &[&str]) -> (Running, u128) {
-    let mut cmd = b.run(name, opts, &sh(HOLD));
-    cmd.env("STARTED", s.path("started"))
-        .env("GO", s.path("go"));
-    let r = spawn(cmd);
-    let token = parse_token(&wait_line(&s.path("started")));
-    (r, token)
+    hold(b.run(name, opts, &sh(HOLD)), s)
 }
 
 /// Runs one command on "job" with `opts` and returns the fencing token it was given.

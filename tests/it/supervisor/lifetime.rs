@@ -16,16 +16,8 @@ fn lockrun_sigkilled_takes_its_command_down_and_the_lock_frees_within_the_ttl() 
     let redis = RedisServer::start();
     let s = Scratch::new();
     let reaper = Reaper::default();
-    let mut cmd = lockrun_run(
-        &redis.url(),
-        "job",
-        &["--ttl", "2s"],
-        &sh(r#"echo $$ > "$PIDFILE"; exec sleep 60"#),
-    );
-    cmd.env("PIDFILE", s.path("pid"));
-    let mut lr = spawn(cmd);
-    let pid = wait_pid(&s.path("pid"));
-    reaper.add(pid);
+    let cmd = lockrun_run(&redis.url(), "job", &["--ttl", "2s"], &sh(SLEEPER));
+    let (mut lr, pid) = spawn_recording_pid(cmd, &s, &reaper);
 
     let killed = Instant::now();
     lr.signal(Signal::SIGKILL);
@@ -50,16 +42,8 @@ fn lockrun_sigkilled_takes_its_command_down_after_renewals() {
     let redis = RedisServer::start();
     let s = Scratch::new();
     let reaper = Reaper::default();
-    let mut cmd = lockrun_run(
-        &redis.url(),
-        "job",
-        &["--ttl", "1s"],
-        &sh(r#"echo $$ > "$PIDFILE"; exec sleep 60"#),
-    );
-    cmd.env("PIDFILE", s.path("pid"));
-    let mut lr = spawn(cmd);
-    let pid = wait_pid(&s.path("pid"));
-    reaper.add(pid);
+    let cmd = lockrun_run(&redis.url(), "job", &["--ttl", "1s"], &sh(SLEEPER));
+    let (mut lr, pid) = spawn_recording_pid(cmd, &s, &reaper);
     let start = Instant::now();
     while start.elapsed() < Duration::from_millis(2500) {
         assert!(is_alive(pid), "the command died while lockrun ran");
@@ -79,16 +63,8 @@ fn max_runtime_stops_the_command_with_124() {
     let redis = RedisServer::start();
     let s = Scratch::new();
     let reaper = Reaper::default();
-    let mut cmd = lockrun_run(
-        &redis.url(),
-        "job",
-        &["--max-runtime", "1s"],
-        &sh(r#"echo $$ > "$PIDFILE"; exec sleep 60"#),
-    );
-    cmd.env("PIDFILE", s.path("pid"));
-    let mut lr = spawn(cmd);
-    let pid = wait_pid(&s.path("pid"));
-    reaper.add(pid);
+    let cmd = lockrun_run(&redis.url(), "job", &["--max-runtime", "1s"], &sh(SLEEPER));
+    let (mut lr, pid) = spawn_recording_pid(cmd, &s, &reaper);
     let f = lr.wait();
     f.assert_failure(124);
     assert!(is_dead(pid));

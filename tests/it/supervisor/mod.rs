@@ -60,11 +60,8 @@ fn assert_forwarded_and_fatal(sig: Signal, name: &str) {
     let redis = RedisServer::start();
     let s = Scratch::new();
     let reaper = Reaper::default();
-    let mut cmd = lockrun_run(&redis.url(), "job", &[], &["perl", "-e", DEFAULT, name]);
-    cmd.env("PIDFILE", s.path("pid"));
-    let mut lr = spawn(cmd);
-    let pid = wait_pid(&s.path("pid"));
-    reaper.add(pid);
+    let cmd = lockrun_run(&redis.url(), "job", &[], &["perl", "-e", DEFAULT, name]);
+    let (mut lr, pid) = spawn_recording_pid(cmd, &s, &reaper);
 
     lr.signal(sig);
     let f = lr.wait();

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
-use super::{serial, POLL, WAIT};
+use super::{serial, wait_line, wait_pid, Scratch, POLL, WAIT};
 
 /// The lockrun binary under test: this build's, unless `LOCKRUN_TEST_BINARY` points
 /// the suite at another build of the same sources (such as the static release binary
@@ -141,6 +141,41 @@ pub fn lockrun_run(url: &str, name: &str, opts: &[&str], command: &[&str]) -> Co
         .arg("--")
         .args(command);
     cmd
+}
+
+/// A command that writes its fencing token to `$STARTED`, then runs until `$GO` exists
+/// (see [`hold`]).
+pub const HOLD: &str =
+    r#"echo "$LOCKRUN_FENCING_TOKEN" > "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.02; done"#;
+
+/// A command that records its pid in `$PIDFILE`, then sleeps for a minute (SIGTERM ends
+/// it; see [`spawn_recording_pid`]).
+pub const SLEEPER: &str = r#"echo $$ > "$PIDFILE"; exec sleep 60"#;
+
+/// Spawns `cmd`, a lockrun running [`HOLD`], with `$STARTED` and `$GO` in `s`; returns it
+/// and its fencing token once its command runs. `s.touch("go")` lets the command end.
+pub fn hold(mut cmd: Command, s: &Scratch) -> (Running, u128) {
+    cmd.env("STARTED", s.path("started"))
+        .env("GO", s.path("go"));
+    let holder = spawn(cmd);
+    let token = parse_token(&wait_line(&s.path("started")));
+    (holder, token)
+}
+
+/// `lockrun --url URL OPTS... NAME -- sh -c HOLD`, started with [`hold`].
+pub fn start_holder(url: &str, name: &str, s: &Scratch, opts: &[&str]) -> (Running, u128) {
+    hold(lockrun_run(url, name, opts, &sh(HOLD)), s)
+}
+
+/// Spawns `cmd`, a lockrun whose command records its pid in `$PIDFILE` (like
+/// [`SLEEPER`]), with `$PIDFILE` and `$LOG` in `s`; returns it and its command's pid once
+/// recorded, registered with `reaper` in case it outlives the test.
+pub fn spawn_recording_pid(mut cmd: Command, s: &Scratch, reaper: &Reaper) -> (Running, i32) {
+    cmd.env("PIDFILE", s.path("pid")).env("LOG", s.path("log"));
+    let lr = spawn(cmd);
+    let pid = wait_pid(&s.path("pid"));
+    reaper.add(pid);
+    (lr, pid)
 }
 
 /// `["sh", "-c", script]`
