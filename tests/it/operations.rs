@@ -19,6 +19,15 @@ const GAUGES: [&str; 6] = [
     "lockrun_outcome",
 ];
 
+/// True for a well-formed metric or label name.
+fn name_ok(n: &str) -> bool {
+    n.chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && n.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
 /// Checks `path` against the text exposition format, strictly: every line is a HELP, a
 /// TYPE or a sample; every sample's family has HELP and TYPE gauge before it; names and
 /// labels are well-formed; values parse. Then parses it with the prometheus-parse crate
@@ -29,14 +38,6 @@ fn check_exposition(path: &Path) -> BTreeMap<String, f64> {
         text.ends_with('\n'),
         "the file must end with a newline:\n{text}"
     );
-    let name_ok = |n: &str| {
-        !n.is_empty()
-            && n.chars()
-                .next()
-                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
-            && n.chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
-    };
     let mut helped = BTreeSet::new();
     let mut typed = BTreeSet::new();
     let mut samples = BTreeMap::new();
@@ -51,52 +52,58 @@ fn check_exposition(path: &Path) -> BTreeMap<String, f64> {
             assert!(helped.contains(name), "TYPE before HELP for {name}");
             assert!(typed.insert(name.to_owned()), "{name} typed twice");
         } else {
-            let (series, value) = line
-                .rsplit_once(' ')
-                .unwrap_or_else(|| panic!("bad line {line:?}"));
-            let value: f64 = value
-                .parse()
-                .unwrap_or_else(|_| panic!("bad value in {line:?}"));
-            let (name, labels) = series
-                .split_once('{')
-                .unwrap_or_else(|| panic!("no labels in {line:?}"));
-            assert!(name_ok(name), "bad metric name in {line:?}");
-            assert!(typed.contains(name), "sample before its TYPE: {line:?}");
-            let labels = labels
-                .strip_suffix('}')
-                .unwrap_or_else(|| panic!("unclosed labels in {line:?}"));
-            for pair in labels.split(',') {
-                let (k, v) = pair
-                    .split_once('=')
-                    .unwrap_or_else(|| panic!("bad label in {line:?}"));
-                assert!(
-                    name_ok(k) && v.starts_with('"') && v.ends_with('"') && v.len() >= 2,
-                    "bad label {pair:?}"
-                );
-            }
-            assert!(
-                labels.starts_with("lock=\""),
-                "every sample is labelled with the lock: {line:?}"
-            );
+            let (series, value) = check_sample(line, &typed);
             assert!(
                 samples.insert(series.to_owned(), value).is_none(),
                 "duplicate series {series}"
             );
         }
     }
-    assert_eq!(
-        typed,
-        GAUGES
-            .iter()
-            .map(|g| g.to_string())
-            .collect::<BTreeSet<_>>()
-    );
+    let gauges: BTreeSet<String> = GAUGES.iter().map(|g| g.to_string()).collect();
+    assert_eq!(typed, gauges);
+    check_with_prometheus_parse(&text, samples.len());
+    samples
+}
 
+/// Checks one sample line (its family already `typed`); returns its series and value.
+fn check_sample<'a>(line: &'a str, typed: &BTreeSet<String>) -> (&'a str, f64) {
+    let (series, value) = line
+        .rsplit_once(' ')
+        .unwrap_or_else(|| panic!("bad line {line:?}"));
+    let value: f64 = value
+        .parse()
+        .unwrap_or_else(|_| panic!("bad value in {line:?}"));
+    let (name, labels) = series
+        .split_once('{')
+        .unwrap_or_else(|| panic!("no labels in {line:?}"));
+    assert!(name_ok(name), "bad metric name in {line:?}");
+    assert!(typed.contains(name), "sample before its TYPE: {line:?}");
+    let labels = labels
+        .strip_suffix('}')
+        .unwrap_or_else(|| panic!("unclosed labels in {line:?}"));
+    for pair in labels.split(',') {
+        let (k, v) = pair
+            .split_once('=')
+            .unwrap_or_else(|| panic!("bad label in {line:?}"));
+        assert!(
+            name_ok(k) && v.starts_with('"') && v.ends_with('"') && v.len() >= 2,
+            "bad label {pair:?}"
+        );
+    }
+    assert!(
+        labels.starts_with("lock=\""),
+        "every sample is labelled with the lock: {line:?}"
+    );
+    (series, value)
+}
+
+/// The prometheus-parse crate reads `text` as `samples` gauges, each with a lock label.
+fn check_with_prometheus_parse(text: &str, samples: usize) {
     let lines = text.lines().map(|l| Ok(l.to_owned()));
     let scrape = prometheus_parse::Scrape::parse(lines).expect("prometheus-parse reads it");
     assert_eq!(
         scrape.samples.len(),
-        samples.len(),
+        samples,
         "prometheus-parse saw every sample"
     );
     for s in &scrape.samples {
@@ -111,7 +118,6 @@ fn check_exposition(path: &Path) -> BTreeMap<String, f64> {
             s.metric
         );
     }
-    samples
 }
 
 fn outcome_of(samples: &BTreeMap<String, f64>, lock: &str) -> String {

@@ -133,22 +133,35 @@ fn check_section(
         ));
     }
     if run.code == Some(124) {
-        // Paused across its deadline, with its command still running at the pause.
-        let paused_past = pauses
-            .iter()
-            .filter(|f| f.from <= deadline && f.to >= deadline && s.last_seen >= f.from)
-            .map(|f| f.to)
-            .max();
-        let max = |m: Option<i64>, v: i64| Some(m.map_or(v, |m: i64| m.max(v)));
-        match (resumed, paused_past) {
-            (None, _) => {
-                r.max_kill_lateness_ms = max(r.max_kill_lateness_ms, signed_ms(gone, deadline))
-            }
-            // (A command that died during the pause was stopped before it.)
-            (Some(_), Some(c)) if gone >= c => {
-                r.max_resume_kill_ms = max(r.max_resume_kill_ms, signed_ms(gone, c))
-            }
-            (Some(_), _) => {}
+        kill_figures(s, gone, deadline, pauses, r);
+    }
+}
+
+/// The figures of a section stopped on loss: how late (or early) after the deadline it
+/// died, or, if its lockrun was paused across the deadline, how long after the SIGCONT.
+fn kill_figures(
+    s: &Section,
+    gone: Duration,
+    deadline: Duration,
+    pauses: &[&FaultEvent],
+    r: &mut Report,
+) {
+    let resumed = pauses.iter().map(|f| f.to).max();
+    // Paused across its deadline, with its command still running at the pause.
+    let paused_past = pauses
+        .iter()
+        .filter(|f| f.from <= deadline && f.to >= deadline && s.last_seen >= f.from)
+        .map(|f| f.to)
+        .max();
+    let max = |m: Option<i64>, v: i64| Some(m.map_or(v, |m: i64| m.max(v)));
+    match (resumed, paused_past) {
+        (None, _) => {
+            r.max_kill_lateness_ms = max(r.max_kill_lateness_ms, signed_ms(gone, deadline))
         }
+        // (A command that died during the pause was stopped before it.)
+        (Some(_), Some(c)) if gone >= c => {
+            r.max_resume_kill_ms = max(r.max_resume_kill_ms, signed_ms(gone, c))
+        }
+        (Some(_), _) => {}
     }
 }

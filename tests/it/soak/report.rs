@@ -270,25 +270,13 @@ pub struct Run {
 /// The whole history as text (all instants in ms of CLOCK_BOOTTIME), for a person
 /// looking into a failure.
 pub fn describe(h: &History<'_>) -> String {
-    use std::fmt::Write as _;
     let ms = |d: Duration| d.as_millis();
-    let mut out = String::new();
-    let _ = writeln!(out, "# faults: kind from to pid detail");
+    let mut out = String::from("# faults: kind from to pid detail\n");
     for f in h.faults {
-        let _ = writeln!(
-            out,
-            "{} {} {} {:?} {}",
-            f.kind.name(),
-            ms(f.from),
-            ms(f.to),
-            f.pid,
-            f.detail
-        );
+        let (kind, from, to) = (f.kind.name(), ms(f.from), ms(f.to));
+        out += &format!("{kind} {from} {to} {:?} {}\n", f.pid, f.detail);
     }
-    let _ = writeln!(
-        out,
-        "\n# sections: fence lockrun start until gone writes(t:ok)"
-    );
+    out += "\n# sections: fence lockrun start until gone writes(t:ok)\n";
     let mut sections: Vec<_> = h.sections.iter().collect();
     sections.sort_by_key(|s| s.start);
     for s in sections {
@@ -297,40 +285,25 @@ pub fn describe(h: &History<'_>) -> String {
             .iter()
             .map(|(t, ok)| format!("{}:{}", ms(*t), u8::from(*ok)))
             .collect();
-        let _ = writeln!(
-            out,
-            "{} {} {} {} {:?} {}",
+        let (start, until, gone) = (ms(s.start), ms(s.until()), s.gone.map(ms));
+        out += &format!(
+            "{} {} {start} {until} {gone:?} {}\n",
             s.fence,
             s.lockrun_pid,
-            ms(s.start),
-            ms(s.until()),
-            s.gone.map(ms),
             writes.join(",")
         );
     }
-    let _ = writeln!(out, "\n# tap: call token sent replied delivered reply");
+    out += "\n# tap: call token sent replied delivered reply\n";
     for r in h.records {
-        let _ = writeln!(
-            out,
-            "{:?} {} {} {:?} {} {:?}",
-            r.call,
-            r.token,
-            ms(r.sent),
-            r.replied.map(ms),
-            r.delivered,
-            r.reply
+        let (sent, replied) = (ms(r.sent), r.replied.map(ms));
+        out += &format!(
+            "{:?} {} {sent} {replied:?} {} {:?}\n",
+            r.call, r.token, r.delivered, r.reply
         );
     }
-    let _ = writeln!(out, "\n# runs: pid ended code, then the log");
+    out += "\n# runs: pid ended code, then the log\n";
     for r in h.runs {
-        let _ = writeln!(
-            out,
-            "## {} {} {:?}\n{}",
-            r.pid,
-            ms(r.ended),
-            r.code,
-            r.stderr
-        );
+        out += &format!("## {} {} {:?}\n{}\n", r.pid, ms(r.ended), r.code, r.stderr);
     }
     out
 }

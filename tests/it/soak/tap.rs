@@ -49,53 +49,14 @@ pub fn parse(buf: &[u8]) -> Option<(Resp, bool, usize)> {
     let head = std::str::from_utf8(&buf[1..line_end]).unwrap_or("");
     let after = line_end + 2;
     let kind = *buf.first()?;
-    let aggregate = |n: i64, mul: i64| -> Option<(Vec<Resp>, usize)> {
-        let mut items = Vec::new();
-        let mut at = after;
-        for _ in 0..(n.max(0) * mul) {
-            let (v, _, len) = parse(&buf[at..])?;
-            items.push(v);
-            at += len;
-        }
-        Some((items, at))
-    };
     Some(match kind {
         b'+' => (Resp::Text(head.into()), false, after),
         b'-' => (Resp::Error(head.into()), false, after),
         b':' => (Resp::Int(head.parse().unwrap_or(0)), false, after),
         b',' | b'(' => (Resp::Text(head.into()), false, after),
         b'#' | b'_' => (Resp::Null, false, after),
-        b'$' | b'=' | b'!' => {
-            let n: i64 = head.parse().unwrap_or(-1);
-            if n < 0 {
-                return Some((Resp::Null, false, after));
-            }
-            let end = after + n as usize;
-            if buf.len() < end + 2 {
-                return None;
-            }
-            let s = String::from_utf8_lossy(&buf[after..end]).into_owned();
-            let v = if kind == b'!' {
-                Resp::Error(s)
-            } else {
-                Resp::Text(s)
-            };
-            (v, false, end + 2)
-        }
-        b'*' | b'~' | b'>' | b'%' | b'|' => {
-            let n: i64 = head.parse().unwrap_or(-1);
-            if n < 0 {
-                return Some((Resp::Null, false, after));
-            }
-            let mul = if kind == b'%' || kind == b'|' { 2 } else { 1 };
-            let (items, at) = aggregate(n, mul)?;
-            if kind == b'|' {
-                // An attribute: the real value follows.
-                let (v, push, len) = parse(&buf[at..])?;
-                return Some((v, push, at + len));
-            }
-            (Resp::Array(items), kind == b'>', at)
-        }
+        b'$' | b'=' | b'!' => return parse_bulk(buf, kind, head, after),
+        b'*' | b'~' | b'>' | b'%' | b'|' => return parse_aggregate(buf, kind, head, after),
         // Inline commands (a bare `PING\r\n`): one line of words.
         _ => (
             Resp::Array(
@@ -109,6 +70,48 @@ pub fn parse(buf: &[u8]) -> Option<(Resp, bool, usize)> {
             after,
         ),
     })
+}
+
+/// A bulk string (or verbatim string, or bulk error) whose length `head` announces and
+/// whose bytes start at `after`.
+fn parse_bulk(buf: &[u8], kind: u8, head: &str, after: usize) -> Option<(Resp, bool, usize)> {
+    let n: i64 = head.parse().unwrap_or(-1);
+    if n < 0 {
+        return Some((Resp::Null, false, after));
+    }
+    let end = after + n as usize;
+    if buf.len() < end + 2 {
+        return None;
+    }
+    let s = String::from_utf8_lossy(&buf[after..end]).into_owned();
+    let v = if kind == b'!' {
+        Resp::Error(s)
+    } else {
+        Resp::Text(s)
+    };
+    Some((v, false, end + 2))
+}
+
+/// An array, set, push, map (flattened) or attribute of `head` items starting at `after`.
+fn parse_aggregate(buf: &[u8], kind: u8, head: &str, after: usize) -> Option<(Resp, bool, usize)> {
+    let n: i64 = head.parse().unwrap_or(-1);
+    if n < 0 {
+        return Some((Resp::Null, false, after));
+    }
+    let per_item = if kind == b'%' || kind == b'|' { 2 } else { 1 };
+    let mut items = Vec::new();
+    let mut at = after;
+    for _ in 0..n * per_item {
+        let (v, _, len) = parse(&buf[at..])?;
+        items.push(v);
+        at += len;
+    }
+    if kind == b'|' {
+        // An attribute: the real value follows.
+        let (v, push, len) = parse(&buf[at..])?;
+        return Some((v, push, at + len));
+    }
+    Some((Resp::Array(items), kind == b'>', at))
 }
 
 /// Which lockrun script an `EVAL` ran, told by its numbers of keys and arguments (see

@@ -2,7 +2,7 @@
 //! 127.0.0.1 and a client certificate, made with the `openssl` command.
 
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use tempfile::TempDir;
@@ -23,34 +23,8 @@ impl TlsFiles {
             .tempdir()
             .expect("create tls dir");
         let d = dir.path();
-        let openssl = |args: &[&str]| {
-            let out = Command::new("openssl")
-                .args(args)
-                .current_dir(d)
-                .stdin(Stdio::null())
-                .output()
-                .expect("run openssl");
-            assert!(
-                out.status.success(),
-                "openssl {args:?} failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
-        openssl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=lockrun test CA",
-        ]);
+        let ca = "req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2";
+        openssl(d, ca, Some("CA"));
         fs::write(
             d.join("server.ext"),
             "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
@@ -58,35 +32,16 @@ impl TlsFiles {
         .unwrap();
         fs::write(d.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
         for who in ["server", "client"] {
-            openssl(&[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                &format!("{who}.key"),
-                "-out",
-                &format!("{who}.csr"),
-                "-subj",
-                &format!("/CN=lockrun test {who}"),
-            ]);
-            openssl(&[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{who}.csr"),
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &format!("{who}.pem"),
-                "-days",
-                "2",
-                "-extfile",
-                &format!("{who}.ext"),
-            ]);
+            let request = format!("req -newkey rsa:2048 -nodes -keyout {who}.key -out {who}.csr");
+            openssl(d, &request, Some(who));
+            openssl(
+                d,
+                &format!(
+                    "x509 -req -in {who}.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
+                     -out {who}.pem -days 2 -extfile {who}.ext"
+                ),
+                None,
+            );
         }
         TlsFiles {
             dir,
@@ -120,4 +75,22 @@ impl TlsFiles {
             .into(),
         ]
     }
+}
+
+/// Runs `openssl ARGS` (words without spaces in them) in `dir`, with the subject
+/// `/CN=lockrun test SUBJECT` when one is given.
+fn openssl(dir: &Path, args: &str, subject: Option<&str>) {
+    let mut cmd = Command::new("openssl");
+    cmd.args(args.split_whitespace())
+        .current_dir(dir)
+        .stdin(Stdio::null());
+    if let Some(subject) = subject {
+        cmd.args(["-subj", &format!("/CN=lockrun test {subject}")]);
+    }
+    let out = cmd.output().expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
