@@ -1,0 +1,165 @@
+//! Passwords against a `redis-server --requirepass`: every way of giving one that keeps it
+//! out of `argv` works (LOCKRUN_URL, LOCKRUN_PASSWORD, --password-file), and a wrong one
+//! fails closed (125, command not started) without the password showing on stderr.
+
+use crate::support::*;
+
+const PASSWORD: &str = "s3cret-Pw-5e1d";
+const WRONG: &str = "wrong-Pw-90ab";
+
+/// A command that records its fencing token in `$OUT`.
+const RECORD: &str = r#"echo "$LOCKRUN_FENCING_TOKEN" > "$OUT""#;
+
+fn assert_ran(f: &Finished, s: &Scratch) {
+    f.assert_code(0);
+    parse_token(&wait_line(&s.path("out")));
+}
+
+fn assert_refused_without_leak(f: &Finished, s: &Scratch, secret: &str) {
+    f.assert_failure(125);
+    assert!(!s.exists("out"), "the command ran although auth failed");
+    assert!(
+        !f.stderr.contains(secret),
+        "the password appears on stderr:\n{}",
+        f.stderr
+    );
+}
+
+/// Runs [`RECORD`] under lockrun on `url` with `opts` and the extra environment `env`;
+/// returns how it ended and the scratch directory of its "out" file.
+fn record_run(url: &str, opts: &[&str], env: &[(&str, &str)]) -> (Finished, Scratch) {
+    let s = Scratch::new();
+    let mut cmd = lockrun_run(url, "job", opts, &sh(RECORD));
+    cmd.env("OUT", s.path("out")).envs(env.iter().copied());
+    (run(cmd), s)
+}
+
+/// [`record_run`] on `redis` with `password` in a `--password-file`, written the way
+/// `echo "$PW" > file` would: with a trailing newline.
+fn password_file_run(redis: &RedisServer, password: &str) -> (Finished, Scratch) {
+    let dir = Scratch::new();
+    let file = dir.path("pw");
+    std::fs::write(&file, format!("{password}\n")).unwrap();
+    let opts = ["--password-file", file.to_str().unwrap()];
+    record_run(&redis.url(), &opts, &[])
+}
+
+#[test]
+fn password_in_url_works() {
+    let redis = RedisServer::with_password(PASSWORD);
+    let (f, s) = record_run(&redis.url_with_password(), &[], &[]);
+    assert_ran(&f, &s);
+}
+
+#[test]
+fn password_in_lockrun_url_environment_works() {
+    let redis = RedisServer::with_password(PASSWORD);
+    let s = Scratch::new();
+    let mut cmd = lockrun();
+    cmd.env("LOCKRUN_URL", redis.url_with_password())
+        .env("OUT", s.path("out"))
+        .args(["job", "--", "sh", "-c", RECORD]);
+    assert_ran(&run(cmd), &s);
+}
+
+#[test]
+fn password_from_lockrun_password_works() {
+    let redis = RedisServer::with_password(PASSWORD);
+    let (f, s) = record_run(&redis.url(), &[], &[("LOCKRUN_PASSWORD", PASSWORD)]);
+    assert_ran(&f, &s);
+}
+
+#[test]
+fn password_from_password_file_works() {
+    let redis = RedisServer::with_password(PASSWORD);
+    let (f, s) = password_file_run(&redis, PASSWORD);
+    assert_ran(&f, &s);
+}
+
+#[test]
+fn wrong_password_from_lockrun_password_fails_closed_without_showing_it() {
+    let redis = RedisServer::with_password(PASSWORD);
+    let (f, s) = record_run(&redis.url(), &[], &[("LOCKRUN_PASSWORD", WRONG)]);
+    assert_refused_without_leak(&f, &s, WRONG);
+}
+
+#[test]
+fn wrong_password_in_url_fails_closed_without_showing_it() {
+    let redis = RedisServer::with_password(PASSWORD);
+    let url = format!("redis://:{WRONG}@127.0.0.1:{}", redis.port());
+    let (f, s) = record_run(&url, &[], &[]);
+    assert_refused_without_leak(&f, &s, WRONG);
+}
+
+#[test]
+fn wrong_password_file_fails_closed_without_showing_it() {
+    let redis = RedisServer::with_password(PASSWORD);
+    let (f, s) = password_file_run(&redis, WRONG);
+    assert_refused_without_leak(&f, &s, WRONG);
+}
+
+#[test]
+fn missing_password_file_fails_closed() {
+    let redis = RedisServer::with_password(PASSWORD);
+    let missing = Scratch::new().path("no-such-password-file");
+    let opts = ["--password-file", missing.to_str().unwrap()];
+    let (f, s) = record_run(&redis.url(), &opts, &[]);
+    f.assert_failure(125);
+    assert!(!s.exists("out"));
+}
+
+#[test]
+fn no_password_against_requirepass_fails_closed() {
+    let redis = RedisServer::with_password(PASSWORD);
+    let (f, s) = record_run(&redis.url(), &[], &[]);
+    assert_refused_without_leak(&f, &s, PASSWORD);
+}
+
+#[test]
+fn status_uses_lockrun_password() {
+    let redis = RedisServer::with_password(PASSWORD);
+    let mut cmd = lockrun();
+    cmd.env("LOCKRUN_PASSWORD", PASSWORD)
+        .args(["status", "--url", &redis.url(), "job"]);
+    // Free lock: status 1, not 125.
+    run(cmd).assert_code(1);
+}
+
+#[test]
+fn an_acl_user_confined_to_the_lockrun_keys_can_lock() {
+    let redis = RedisServer::start();
+    redis.acl_user(
+        "locker",
+        &["on", ">s3cret", "~lockrun:*", "&lockrun:*", "+@all"],
+    );
+    let url = format!("redis://locker:s3cret@127.0.0.1:{}", redis.port());
+    run(lockrun_run(&url, "job", &[], &["sh", "-c", "exit 6"])).assert_code(6);
+    // The same user with the password from the environment, and waiting (pub/sub).
+    let url = format!("redis://locker@127.0.0.1:{}", redis.port());
+    let mut cmd = lockrun_run(&url, "job", &["--wait", "5s"], &["true"]);
+    cmd.env("LOCKRUN_PASSWORD", "s3cret");
+    run(cmd).assert_code(0);
+}
+
+#[test]
+fn an_acl_user_without_the_needed_commands_fails_closed_and_says_so() {
+    let redis = RedisServer::start();
+    redis.acl_user("reader", &["on", ">pw", "~*", "+@read", "+hello", "+ping"]);
+    let s = Scratch::new();
+    let url = format!("redis://reader:pw@127.0.0.1:{}", redis.port());
+    let mut cmd = lockrun_run(&url, "job", &[], &sh(r#"touch "$MARKER""#));
+    cmd.env("MARKER", s.path("marker"));
+    let f = run(cmd);
+    f.assert_failure(125);
+    assert!(!s.exists("marker"), "the command ran without the lock");
+    assert!(
+        f.stderr.contains("denied") || f.stderr.contains("NOPERM"),
+        "{}",
+        f.stderr
+    );
+    assert!(
+        !f.stderr.contains(":pw@"),
+        "the URL with its password leaked:\n{}",
+        f.stderr
+    );
+}

@@ -1,0 +1,236 @@
+//! The command line: `--help`/`--version`, the default and explicit `run` subcommand, the
+//! lock-name rules, options read from `LOCKRUN_*` variables, quiet and JSON logs, and the
+//! command line of `status` and `release` (what they do, for every backend, is in the
+//! conformance suite).
+
+use crate::support::*;
+
+#[test]
+fn help_and_version_exit_0() {
+    let mut cmd = lockrun();
+    cmd.arg("--help");
+    run(cmd).assert_code(0);
+    let mut cmd = lockrun();
+    cmd.args(["run", "--help"]);
+    let f = run(cmd);
+    f.assert_code(0);
+    for option in ["--ttl", "--wait", "--renew-every", "--password-file"] {
+        assert!(
+            f.stdout.contains(option),
+            "run --help does not list {option}:\n{}",
+            f.stdout
+        );
+    }
+    let mut cmd = lockrun();
+    cmd.arg("--version");
+    let f = run(cmd);
+    f.assert_code(0);
+    assert!(
+        f.stdout.contains(env!("CARGO_PKG_VERSION")),
+        "--version prints {:?}",
+        f.stdout
+    );
+}
+
+#[test]
+fn explicit_run_subcommand_locks_a_name_like_a_subcommand() {
+    let redis = RedisServer::start();
+    let s = Scratch::new();
+    for name in ["status", "release", "run"] {
+        let mut cmd = lockrun();
+        cmd.args(["run", "--url", &redis.url(), name, "--"])
+            .args(["sh", "-c", r#"echo "$LOCKRUN_LOCK_NAME" >> "$OUT""#])
+            .env("OUT", s.path("out"));
+        run(cmd).assert_code(0);
+    }
+    assert_eq!(s.read("out"), "status\nrelease\nrun\n");
+}
+
+#[test]
+fn command_arguments_are_passed_without_a_shell() {
+    let redis = RedisServer::start();
+    let s = Scratch::new();
+    let out = s.path("out");
+    let f = run(lockrun_run(
+        &redis.url(),
+        "job",
+        &[],
+        &[
+            "sh",
+            "-c",
+            r#"printf '%s|' "$@" > "$0""#,
+            out.to_str().unwrap(),
+            "a b",
+            "$HOME",
+            "*",
+            "--x",
+        ],
+    ));
+    f.assert_code(0);
+    assert_eq!(s.read("out"), "a b|$HOME|*|--x|");
+}
+
+#[test]
+fn name_of_200_bytes_with_every_allowed_character_is_accepted() {
+    let redis = RedisServer::start();
+    let s = Scratch::new();
+    let base = "AZaz09._-:/";
+    let name: String = base.chars().cycle().take(200).collect();
+    let mut cmd = lockrun_run(
+        &redis.url(),
+        &name,
+        &[],
+        &sh(r#"echo "$LOCKRUN_LOCK_NAME" > "$OUT""#),
+    );
+    cmd.env("OUT", s.path("out"));
+    run(cmd).assert_code(0);
+    assert_eq!(wait_line(&s.path("out")), name);
+}
+
+#[test]
+fn options_are_read_from_lockrun_environment_variables() {
+    let redis = RedisServer::start();
+    let s = Scratch::new();
+    let mut cmd = lockrun();
+    cmd.args(["job", "--", "sh", "-c", HOLD])
+        .env("LOCKRUN_URL", redis.url())
+        .env("LOCKRUN_TTL", "7s")
+        .env("LOCKRUN_KEY_PREFIX", "envtest:");
+    let (mut holder, _) = hold(cmd, &s);
+    let key = "envtest:{job}";
+    assert!(
+        redis.exists(key),
+        "LOCKRUN_KEY_PREFIX/LOCKRUN_URL were not used"
+    );
+    let pttl = redis.pttl(key);
+    assert!(pttl > 0 && pttl <= 7000, "PTTL {pttl} with LOCKRUN_TTL=7s");
+    s.touch("go");
+    holder.wait().assert_code(0);
+}
+
+#[test]
+fn command_line_option_overrides_the_environment() {
+    let redis = RedisServer::start();
+    let bad = format!("redis://127.0.0.1:{}", closed_port());
+    let mut cmd = lockrun_run(&redis.url(), "job", &[], &["true"]);
+    cmd.env("LOCKRUN_URL", bad);
+    run(cmd).assert_code(0);
+}
+
+#[test]
+fn quiet_successful_run_prints_nothing_on_stderr() {
+    // Cron mails whatever a job prints: a quiet successful run must be silent.
+    let redis = RedisServer::start();
+    let f = run(lockrun_run(&redis.url(), "job", &["-q"], &["true"]));
+    f.assert_code(0);
+    assert_eq!(f.stderr, "", "stderr of a quiet successful run");
+    assert_eq!(f.stdout, "");
+}
+
+#[test]
+fn json_log_lines_are_objects_with_ts_level_event_and_lock() {
+    let redis = RedisServer::start();
+    let s = Scratch::new();
+    let (mut holder, _) = start_holder(&redis.url(), "job", &s, &[]);
+    let busy = run(lockrun_run(
+        &redis.url(),
+        "job",
+        &["--log-format", "json", "-v"],
+        &["true"],
+    ));
+    busy.assert_code(75);
+    s.touch("go");
+    holder.wait().assert_code(0);
+    let ran = run(lockrun_run(
+        &redis.url(),
+        "job",
+        &["--log-format", "json", "-v"],
+        &["true"],
+    ));
+    ran.assert_code(0);
+
+    let mut events = Vec::new();
+    for f in [&busy, &ran] {
+        assert!(!f.stderr.trim().is_empty(), "no log lines with -v");
+        for line in f.stderr.lines() {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("log line is not JSON ({e}): {line:?}"));
+            for field in ["ts", "level", "event", "lock"] {
+                assert!(v.get(field).is_some(), "log line lacks {field:?}: {line}");
+            }
+            assert_eq!(v["lock"], "job", "lock field of {line}");
+            events.push(v["event"].as_str().unwrap_or_default().to_string());
+        }
+    }
+    for e in ["busy", "acquired", "exited", "released"] {
+        assert!(
+            events.iter().any(|x| x == e),
+            "no {e:?} event among {events:?}"
+        );
+    }
+}
+
+#[test]
+fn status_with_a_bad_name_exits_125() {
+    let redis = RedisServer::start();
+    let mut cmd = lockrun();
+    cmd.args(["status", "--url", &redis.url(), "bad name"]);
+    run(cmd).assert_failure(125);
+}
+
+#[test]
+fn release_without_force_is_refused() {
+    let redis = RedisServer::start();
+    let s = Scratch::new();
+    let (mut holder, _) = start_holder(&redis.url(), "job", &s, &[]);
+    let mut cmd = lockrun();
+    cmd.args(["release", "--url", &redis.url(), "job"]);
+    let f = run(cmd);
+    assert_ne!(f.code, Some(0), "release without --force succeeded");
+    f.assert_explained();
+    assert!(
+        redis.lock_held("job"),
+        "release without --force removed the lock"
+    );
+    s.touch("go");
+    holder.wait().assert_code(0);
+}
+
+#[test]
+fn humantime_durations_are_accepted() {
+    let redis = RedisServer::start();
+    let s = Scratch::new();
+    let (mut holder, _) = start_holder(&redis.url(), "job", &s, &["--ttl", "1m 30s"]);
+    let pttl = redis.pttl(&lock_key("job"));
+    assert!(
+        pttl > 60_000 && pttl <= 90_000,
+        "PTTL {pttl} with --ttl '1m 30s'"
+    );
+    s.touch("go");
+    holder.wait().assert_code(0);
+}
+
+#[test]
+fn more_options_are_read_from_lockrun_environment_variables() {
+    // LOCKRUN_MAX_RUNTIME, LOCKRUN_KILL_SIGNAL and LOCKRUN_LOG_FORMAT in one run: the
+    // command is stopped with USR1 after 1s and every log line is JSON.
+    let redis = RedisServer::start();
+    let s = Scratch::new();
+    let script = r#"
+        $SIG{USR1} = sub { open(my $f, ">>", $ENV{GOT}); print $f "USR1\n"; close $f; exit 0 };
+        sleep 1 for 1..60;
+    "#;
+    let mut cmd = lockrun_run(&redis.url(), "job", &[], &["perl", "-e", script]);
+    cmd.env("LOCKRUN_MAX_RUNTIME", "1s")
+        .env("LOCKRUN_KILL_SIGNAL", "USR1")
+        .env("LOCKRUN_LOG_FORMAT", "json")
+        .env("GOT", s.path("got"));
+    let f = run(cmd);
+    f.assert_code(124);
+    assert_eq!(s.read("got"), "USR1\n");
+    for line in f.stderr.lines() {
+        serde_json::from_str::<serde_json::Value>(line)
+            .unwrap_or_else(|e| panic!("LOCKRUN_LOG_FORMAT=json, but {line:?} is not JSON: {e}"));
+    }
+    assert!(!f.stderr.is_empty(), "no log line for a 124");
+}

@@ -1,0 +1,104 @@
+//! The backend conformance suite: SPEC's contract written once as tests and run against
+//! every backend (its own servers behind fault-injecting proxies, see
+//! `support::backends`). A backend is done when it passes all of them; a new one joins
+//! with one line at the bottom of this file.
+//!
+//! - `contract`: running, exclusion, busy and waiting, hand-off, crashes, renewal,
+//!   `--hold-at-least`, fencing, `status` and `release --force`, ownership, failing
+//!   closed;
+//! - `faults`: a definite loss, the backend down, hung, killed or frozen while a command
+//!   holds the lock: the command is dead before the lease can have expired, and the lock
+//!   works again, with larger tokens, once the fault is over.
+//!
+//! Deadlines in the fault tests count from instants the test observed *before* the
+//! fault: lockrun's last successful renewal was sent before then, so the lease it
+//! enforces ended at most TTL later. Waits for things to happen are generous; safety
+//! assertions are strict.
+
+mod contract;
+mod faults;
+
+use std::time::Duration;
+
+use crate::support::*;
+
+/// The lease used by these tests: whole seconds, because etcd's TTLs are.
+const TTL: Duration = Duration::from_secs(2);
+const TTL_ARG: &str = "2s";
+
+/// How a contract test gets its backend: it calls this first (after `alone()`, if it
+/// runs alone).
+type Start = fn() -> Backend;
+
+/// Starts a lockrun holding `name` until the scratch file "go" exists; returns it and its
+/// fencing token once its command runs.
+fn holder(b: &Backend, name: &str, s: &Scratch, opts: &[&str]) -> (Running, u128) {
+    hold(b.run(name, opts, &sh(HOLD)), s)
+}
+
+/// Runs one command on "job" with `opts` and returns the fencing token it was given.
+fn token_of(b: &Backend, opts: &[&str]) -> u128 {
+    let f = run(b.run("job", opts, &sh(r#"echo "$LOCKRUN_FENCING_TOKEN""#)));
+    parse_token(f.assert_code(0).stdout.trim())
+}
+
+/// Every contract test, each run by [`contract_test`] for one backend.
+macro_rules! contract_tests {
+    ($start:expr) => {
+        contract_test!(
+            $start,
+            contract::command_gets_its_token_and_name_and_its_status
+        );
+        contract_test!($start, contract::exclusive_under_contention);
+        contract_test!(
+            $start,
+            contract::busy_lock_exits_75_without_running_the_command
+        );
+        contract_test!($start, contract::wait_that_runs_out_exits_75);
+        contract_test!($start, contract::waiter_starts_soon_after_release);
+        contract_test!($start, contract::waiter_takes_over_a_crashed_holders_lock);
+        contract_test!($start, contract::renewal_keeps_a_long_command_alive);
+        contract_test!(
+            $start,
+            contract::hold_at_least_keeps_the_lock_then_lets_it_go
+        );
+        contract_test!($start, contract::fencing_tokens_increase);
+        contract_test!($start, contract::status_and_forced_release);
+        contract_test!($start, contract::release_never_removes_another_owners_lock);
+        contract_test!($start, contract::unreachable_backend_fails_closed);
+        contract_test!($start, faults::definite_loss_stops_the_command);
+        contract_test!($start, faults::backend_down_kills_before_the_lease_expires);
+        contract_test!($start, faults::backend_hung_kills_before_the_lease_expires);
+        contract_test!($start, faults::server_killed_kills_before_the_lease_expires);
+        contract_test!($start, faults::server_frozen_kills_before_the_lease_expires);
+    };
+}
+
+/// One contract test for one backend.
+macro_rules! contract_test {
+    ($start:expr, $module:ident :: $test:ident) => {
+        #[test]
+        fn $test() {
+            super::$module::$test(|| Backend::new($start))
+        }
+    };
+}
+
+/// Every contract test for each backend, in a module named after it.
+macro_rules! conformance {
+    ($($backend:ident => $start:expr;)*) => {$(
+        mod $backend {
+            use super::*;
+
+            contract_tests!($start);
+        }
+    )*};
+}
+
+conformance! {
+    redis => RedisServer::start();
+    redlock => Quorum::start();
+    sentinel => SentinelService::start();
+    postgres => Postgres::start();
+    etcd => EtcdServer::start();
+}

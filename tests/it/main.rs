@@ -1,0 +1,30 @@
+//! lockrun's integration tests: one test binary (one link, one run), a module per area,
+//! all driving the real `lockrun` binary against real servers started by `support`.
+//!
+//! - `cli`, `exit_status`: the command line, the lock-name rules, exit statuses;
+//! - `supervisor`: signals, the process group, `--max-runtime`, PID 1;
+//! - `lease`, `fencing`, `contention`: the lease, tokens and waiting, against Redis;
+//! - `conformance`: SPEC's contract, written once and run against every backend;
+//! - `redlock`, `sentinel`, `postgres`, `etcd`, `auth`, `tls`: what only one backend has;
+//! - `metrics`, `operations`: the metrics file and the logs;
+//! - `docs`: the README, man page and examples agree with the code;
+//! - `soak`: the nemesis soak and its history checker.
+
+mod auth;
+mod cli;
+mod conformance;
+mod contention;
+mod docs;
+mod etcd;
+mod exit_status;
+mod fencing;
+mod lease;
+mod metrics;
+mod operations;
+mod postgres;
+mod redlock;
+mod sentinel;
+mod soak;
+mod supervisor;
+mod support;
+mod tls;

@@ -1,0 +1,182 @@
+//! The soak's nemesis: one fault at a time from a seeded schedule, each applied and then
+//! healed, and noted with the instants it lasted (on the safe side: just before applying,
+//! just after healing).
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use super::report::{Fault, FaultEvent};
+use super::rig::Rig;
+use super::tap::Call;
+use super::{Rng, NAME};
+use crate::support::*;
+
+/// Weights of the kinds in the draw, in `Fault::ALL` order.
+const WEIGHTS: [u64; 10] = [4, 2, 2, 4, 2, 2, 3, 3, 6, 3];
+
+impl Rig {
+    /// Faults, one at a time, until `until`: every kind once first, in a seeded order,
+    /// so that even a short soak sees them all; then a weighted draw.
+    pub(super) fn nemesis(&self, mut rng: Rng, until: Instant) {
+        let mut first: Vec<Fault> = Fault::ALL.to_vec();
+        for i in (1..first.len()).rev() {
+            first.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        while Instant::now() < until {
+            thread::sleep(rng.ms(300, 1500));
+            let mut pick = rng.below(WEIGHTS.iter().sum());
+            let mut kind = Fault::ALL[0];
+            for (k, w) in Fault::ALL.iter().zip(WEIGHTS) {
+                if pick < w {
+                    kind = *k;
+                    break;
+                }
+                pick -= w;
+            }
+            if !first.is_empty() {
+                kind = first.remove(0);
+            }
+            if let Some(event) = self.inject(kind, &mut rng) {
+                self.faults.lock().unwrap().push(event);
+            }
+        }
+    }
+
+    /// Applies and heals one fault; `None` if there was nothing to apply it to.
+    fn inject(&self, kind: Fault, rng: &mut Rng) -> Option<FaultEvent> {
+        let from = boottime();
+        let (pid, detail) = match kind {
+            Fault::FreezeRedis | Fault::RestartRedis | Fault::Flushall | Fault::ClockJump => {
+                (None, self.server_fault(kind, rng))
+            }
+            Fault::Blackhole | Fault::Cut | Fault::Refuse | Fault::Latency => {
+                (None, self.network_fault(kind, rng))
+            }
+            Fault::StuckRequests => (None, self.stuck_requests(rng)),
+            Fault::PauseLockrun => {
+                let (pid, detail) = self.pause_lockrun(rng)?;
+                (Some(pid), detail)
+            }
+        };
+        Some(FaultEvent {
+            kind,
+            from,
+            to: boottime(),
+            pid,
+            detail,
+        })
+    }
+
+    /// A fault of the lock's server: frozen, restarted empty, flushed, or its clock
+    /// jumped. Returns a few words for the report.
+    fn server_fault(&self, kind: Fault, rng: &mut Rng) -> String {
+        match kind {
+            Fault::FreezeRedis => {
+                let d = rng.ms(200, 3000);
+                self.redis.lock().unwrap().pause();
+                thread::sleep(d);
+                self.redis.lock().unwrap().resume();
+                format!("{d:?}")
+            }
+            Fault::RestartRedis => {
+                let down = rng.ms(0, 1000);
+                let mut redis = self.redis.lock().unwrap();
+                redis.kill();
+                thread::sleep(down);
+                redis.restart();
+                format!("down {down:?}")
+            }
+            Fault::Flushall => {
+                self.redis.lock().unwrap().flushall();
+                String::new()
+            }
+            _ => {
+                let by = rng.ms(300, 3000);
+                let offset = self.clock.jump_forward(by);
+                format!("+{by:?} (offset {offset:?})")
+            }
+        }
+    }
+
+    /// A fault of the network between lockrun and the server: blackholed, cut, refused
+    /// or slow. Returns a few words for the report.
+    fn network_fault(&self, kind: Fault, rng: &mut Rng) -> String {
+        let proxy = self.tap.proxy();
+        match kind {
+            Fault::Blackhole => {
+                let d = rng.ms(200, 3000);
+                proxy.set_mode(Mode::Blackhole);
+                thread::sleep(d);
+                proxy.set_mode(Mode::Pass);
+                format!("{d:?}")
+            }
+            Fault::Cut => {
+                proxy.set_mode(Mode::Cut);
+                proxy.set_mode(Mode::Pass);
+                String::new()
+            }
+            Fault::Refuse => {
+                let d = rng.ms(200, 2000);
+                proxy.set_mode(Mode::Refuse);
+                proxy.cut();
+                thread::sleep(d);
+                proxy.set_mode(Mode::Pass);
+                format!("{d:?}")
+            }
+            _ => {
+                let delay = rng.ms(50, 700);
+                let d = rng.ms(1000, 4000);
+                proxy.set_reply_delay(delay);
+                thread::sleep(d);
+                proxy.set_reply_delay(Duration::ZERO);
+                format!("{delay:?} for {d:?}")
+            }
+        }
+    }
+
+    /// One acquire attempt stuck (its lockrun gives up on it and cleans up), and every
+    /// release meanwhile: a flaky path that delivers late.
+    fn stuck_requests(&self, rng: &mut Rng) -> String {
+        let d = rng.ms(1500, 4000);
+        self.tap.hold_next(Call::Acquire, 1);
+        self.tap.hold_next(Call::Release, 1000);
+        thread::sleep(d);
+        let held = self.tap.held(Call::Acquire) + self.tap.held(Call::Release);
+        for call in [Call::Acquire, Call::Release] {
+            self.tap.hold_next(call, 0);
+            self.tap.release_held(call, true);
+        }
+        format!("{d:?}, {held} connection(s) held")
+    }
+
+    /// SIGSTOP of a lockrun, mostly the holder (the interesting case), else anyone, and
+    /// SIGCONT after a while. Returns its pid and a few words for the report, or `None`
+    /// when no lockrun runs.
+    fn pause_lockrun(&self, rng: &mut Rng) -> Option<(i32, String)> {
+        let d = rng.ms(300, 4000);
+        let holder: Option<i32> = self
+            .redis
+            .lock()
+            .unwrap()
+            .hget(&lock_key(NAME), "pid")
+            .and_then(|p| p.parse().ok());
+        let victim = {
+            let live = self.live.lock().unwrap();
+            if live.is_empty() {
+                return None;
+            }
+            let p = match holder {
+                Some(h) if live.contains(&h) && rng.chance(70) => h,
+                _ => live[rng.below(live.len() as u64) as usize],
+            };
+            signal_pid(p, Signal::SIGSTOP);
+            p
+        };
+        thread::sleep(d);
+        // Stopped, it cannot have exited: the pid is still ours.
+        signal_pid(victim, Signal::SIGCONT);
+        Some((victim, format!("{d:?}")))
+    }
+}

@@ -1,0 +1,273 @@
+//! Every backend behind one test interface, for the conformance suite: real servers of
+//! the test's own (a `redis-server`, three for Redlock, a Sentinel deployment, a private
+//! PostgreSQL cluster, an `etcd`) behind fault-injecting proxies, so that "down" (refuse
+//! and cut) and "hung" (blackhole) mean the same thing for every backend, and with hooks
+//! that kill and restart, or freeze and thaw, the servers themselves.
+//!
+//! A new backend joins by implementing [`Service`] for its test server and adding one
+//! line to the suite.
+
+use std::process::Command;
+use std::time::Duration;
+
+use super::{lockrun, run, EtcdServer, Mode, PrivatePg, Proxy, RedisServer, Sentinel};
+
+/// A lock service under test.
+pub trait Service: Send + Sync {
+    /// The ports lockrun connects to, one per server; each gets a proxy.
+    fn ports(&self) -> Vec<u16>;
+    /// The `--url` that reaches the server of `port` through the proxy on `via`.
+    fn url_via(&self, via: u16) -> String;
+    /// Options this backend needs besides `--url` (a table name, ...).
+    fn options(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Proxies the service keeps in front of servers it hands out the address of
+    /// (Sentinel's master): faults apply to them too.
+    fn inner_proxies(&self) -> Vec<&Proxy> {
+        Vec::new()
+    }
+    /// SIGKILLs every server that holds the lock's data (the proxies stay).
+    fn kill(&mut self);
+    /// Starts the killed servers again on their ports, with whatever data they keep.
+    fn restart(&mut self);
+    /// Freezes those servers (SIGSTOP): connections stay open, nothing is answered.
+    fn pause(&self);
+    /// Thaws them (SIGCONT).
+    fn resume(&self);
+}
+
+/// A service behind fault-injecting proxies (one per server).
+pub struct Backend {
+    service: Box<dyn Service>,
+    proxies: Vec<Proxy>,
+}
+
+impl Backend {
+    /// Puts each server of `service` behind a new proxy.
+    pub fn new(service: impl Service + 'static) -> Backend {
+        let proxies = service.ports().into_iter().map(Proxy::start).collect();
+        Backend {
+            service: Box::new(service),
+            proxies,
+        }
+    }
+
+    /// `--url URL` for each server, through the proxies.
+    fn url_args(&self) -> Vec<String> {
+        self.proxies
+            .iter()
+            .flat_map(|p| ["--url".to_owned(), self.service.url_via(p.port())])
+            .collect()
+    }
+
+    /// Every proxy, the service's own included.
+    fn all_proxies(&self) -> impl Iterator<Item = &Proxy> {
+        self.proxies.iter().chain(self.service.inner_proxies())
+    }
+
+    /// Sets every proxy's mode.
+    pub fn set_mode(&self, mode: Mode) {
+        self.all_proxies().for_each(|p| p.set_mode(mode));
+    }
+
+    /// Cuts every current connection of every proxy.
+    pub fn cut(&self) {
+        self.all_proxies().for_each(Proxy::cut);
+    }
+
+    /// Kills the servers (see [`Service::kill`]).
+    pub fn kill(&mut self) {
+        self.service.kill();
+    }
+
+    /// Restarts the killed servers (see [`Service::restart`]).
+    pub fn restart(&mut self) {
+        self.service.restart();
+    }
+
+    /// Freezes the servers (see [`Service::pause`]).
+    pub fn pause(&self) {
+        self.service.pause();
+    }
+
+    /// Thaws the servers (see [`Service::resume`]).
+    pub fn resume(&self) {
+        self.service.resume();
+    }
+
+    /// `lockrun run` against this backend with `opts` and `command`.
+    pub fn run(&self, name: &str, opts: &[&str], command: &[&str]) -> Command {
+        let mut cmd = lockrun();
+        cmd.arg("run")
+            .args(self.url_args())
+            .args(self.service.options());
+        cmd.args(opts).arg(name).arg("--").args(command);
+        cmd
+    }
+
+    /// `lockrun SUBCOMMAND --url URL... [backend options] ARGS...` (status, release).
+    pub fn admin(&self, subcommand: &str, args: &[&str]) -> Command {
+        let mut cmd = lockrun();
+        cmd.arg(subcommand).args(self.url_args());
+        cmd.args(self.service.options()).args(args);
+        cmd
+    }
+
+    /// True if `lockrun status` says `name` is held.
+    pub fn held(&self, name: &str) -> bool {
+        let f = run(self.admin("status", &[name]));
+        match f.code {
+            Some(0) => true,
+            Some(1) => false,
+            _ => panic!("lockrun status failed: {:?}\n{}", f.status, f.stderr),
+        }
+    }
+}
+
+/// Redis: its own `redis-server`, restarted empty.
+impl Service for RedisServer {
+    fn ports(&self) -> Vec<u16> {
+        vec![self.port()]
+    }
+    fn url_via(&self, via: u16) -> String {
+        format!("redis://127.0.0.1:{via}")
+    }
+    fn kill(&mut self) {
+        RedisServer::kill(self);
+    }
+    fn restart(&mut self) {
+        RedisServer::restart(self);
+    }
+    fn pause(&self) {
+        RedisServer::pause(self);
+    }
+    fn resume(&self) {
+        RedisServer::resume(self);
+    }
+}
+
+/// Redlock: three `redis-server`s of the test's own, every one of them faulted at once.
+pub struct Quorum(Vec<RedisServer>);
+
+impl Quorum {
+    /// Starts three servers.
+    pub fn start() -> Quorum {
+        Quorum((0..3).map(|_| RedisServer::start()).collect())
+    }
+}
+
+impl Service for Quorum {
+    fn ports(&self) -> Vec<u16> {
+        self.0.iter().map(RedisServer::port).collect()
+    }
+    fn url_via(&self, via: u16) -> String {
+        format!("redis://127.0.0.1:{via}")
+    }
+    fn kill(&mut self) {
+        self.0.iter_mut().for_each(RedisServer::kill);
+    }
+    fn restart(&mut self) {
+        self.0.iter_mut().for_each(RedisServer::restart);
+    }
+    fn pause(&self) {
+        self.0.iter().for_each(RedisServer::pause);
+    }
+    fn resume(&self) {
+        self.0.iter().for_each(RedisServer::resume);
+    }
+}
+
+/// Redis behind Sentinel: lockrun asks the Sentinel (through a proxy) for the master,
+/// which it then reaches through the master's own proxy. Faults of the servers are
+/// faults of the master; the Sentinel waits long before failing over, so it does not
+/// while a test runs.
+pub struct SentinelService(Sentinel);
+
+impl SentinelService {
+    /// Starts a master, a replica and a Sentinel.
+    pub fn start() -> SentinelService {
+        SentinelService(Sentinel::start(Duration::from_secs(120)))
+    }
+}
+
+impl Service for SentinelService {
+    fn ports(&self) -> Vec<u16> {
+        vec![self.0.sentinel_port()]
+    }
+    fn url_via(&self, via: u16) -> String {
+        self.0.url_via(via)
+    }
+    fn inner_proxies(&self) -> Vec<&Proxy> {
+        vec![self.0.master_proxy()]
+    }
+    fn kill(&mut self) {
+        self.0.master_mut().kill();
+    }
+    fn restart(&mut self) {
+        self.0.master_mut().restart();
+    }
+    fn pause(&self) {
+        self.0.master().pause();
+    }
+    fn resume(&self) {
+        self.0.master().resume();
+    }
+}
+
+/// PostgreSQL: a private cluster of the test's own (so that it can be killed and
+/// frozen), keeping its data across a restart.
+pub struct Postgres(PrivatePg);
+
+impl Postgres {
+    /// Initialises and starts a cluster.
+    pub fn start() -> Postgres {
+        Postgres(PrivatePg::start())
+    }
+}
+
+impl Service for Postgres {
+    fn ports(&self) -> Vec<u16> {
+        vec![self.0.port()]
+    }
+    fn url_via(&self, via: u16) -> String {
+        format!("postgres://postgres@127.0.0.1:{via}/postgres?sslmode=disable")
+    }
+    fn options(&self) -> Vec<String> {
+        vec!["--pg-table".into(), "lockrun_conformance".into()]
+    }
+    fn kill(&mut self) {
+        self.0.kill();
+    }
+    fn restart(&mut self) {
+        self.0.restart();
+    }
+    fn pause(&self) {
+        self.0.pause();
+    }
+    fn resume(&self) {
+        self.0.resume();
+    }
+}
+
+/// etcd: its own single-member cluster, keeping its data across a restart.
+impl Service for EtcdServer {
+    fn ports(&self) -> Vec<u16> {
+        vec![self.port()]
+    }
+    fn url_via(&self, via: u16) -> String {
+        format!("etcd://127.0.0.1:{via}")
+    }
+    fn kill(&mut self) {
+        EtcdServer::kill(self);
+    }
+    fn restart(&mut self) {
+        EtcdServer::restart(self);
+    }
+    fn pause(&self) {
+        EtcdServer::pause(self);
+    }
+    fn resume(&self) {
+        EtcdServer::resume(self);
+    }
+}

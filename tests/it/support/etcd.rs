@@ -1,0 +1,260 @@
+//! A private `etcd`: one single-member cluster per test on free 127.0.0.1 ports, with its
+//! data in a temporary directory, killed on drop, and restarted with its data on demand.
+//! The tests look at it with `etcdctl` (not with lockrun's own client), so what they see
+//! does not depend on the code under test.
+
+use std::fs::{self, File};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use tempfile::TempDir;
+
+use super::{free_port, serial, signal_pid, WAIT};
+
+/// How long a fresh etcd may take to elect itself and serve.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An `etcd` process of this test's own.
+pub struct EtcdServer {
+    port: u16,
+    peer: u16,
+    dir: TempDir,
+    /// How many times a server was spawned (each writes its own log).
+    spawned: u32,
+    child: Option<Child>,
+    /// `user:password` for etcdctl once authentication is on.
+    auth: Option<String>,
+}
+
+impl EtcdServer {
+    /// Starts etcd and waits until it serves requests.
+    pub fn start() -> Self {
+        serial::side_by_side();
+        let dir = tempfile::Builder::new()
+            .prefix("lockrun-etcd-")
+            .tempdir()
+            .expect("create etcd dir");
+        let mut etcd = EtcdServer {
+            port: 0,
+            peer: 0,
+            dir,
+            spawned: 0,
+            child: None,
+            auth: None,
+        };
+        let mut last_err = String::new();
+        // A free port can be taken by someone else before etcd binds it: try a few, each
+        // with a fresh data directory (a failed start may leave one behind).
+        for _ in 0..10 {
+            (etcd.port, etcd.peer) = (free_port(), free_port());
+            if etcd.port == etcd.peer {
+                continue;
+            }
+            let _ = fs::remove_dir_all(etcd.data());
+            match etcd.spawn() {
+                Ok(()) => return etcd,
+                Err(e) => last_err = e,
+            }
+        }
+        panic!("could not start etcd: {last_err}");
+    }
+
+    /// Starts the killed server again on the same ports, with its data.
+    pub fn restart(&mut self) {
+        self.kill();
+        let mut last_err = String::new();
+        let start = Instant::now();
+        while start.elapsed() < WAIT {
+            match self.spawn() {
+                Ok(()) => return,
+                Err(e) => last_err = e,
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("could not restart etcd on port {}: {last_err}", self.port);
+    }
+
+    fn data(&self) -> std::path::PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        self.spawned += 1;
+        let log = self.dir.path().join(format!("etcd-{}.log", self.spawned));
+        self.child = Some(spawn_etcd(&self.data(), &log, self.port, self.peer)?);
+        Ok(())
+    }
+
+    /// The client port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `etcd://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("etcd://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's pid (panics when it is not running).
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("etcd is not running").id() as i32
+    }
+
+    /// SIGKILLs the server and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        signal_pid(self.pid(), Signal::SIGSTOP);
+    }
+
+    /// Thaws a frozen server (SIGCONT).
+    pub fn resume(&self) {
+        signal_pid(self.pid(), Signal::SIGCONT);
+    }
+
+    /// Runs `etcdctl ARGS` against this server.
+    pub fn try_etcdctl(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new("etcdctl");
+        cmd.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints=127.0.0.1:{}", self.port))
+            .arg("--command-timeout=5s");
+        if let Some(auth) = &self.auth {
+            cmd.arg(format!("--user={auth}"));
+        }
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run etcdctl")
+    }
+
+    /// Runs `etcdctl ARGS` and returns its stdout; panics if it fails.
+    pub fn etcdctl(&self, args: &[&str]) -> String {
+        let out = self.try_etcdctl(args);
+        assert!(
+            out.status.success(),
+            "etcdctl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `etcdctl ARGS -w json`, parsed.
+    fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all = args.to_vec();
+        all.extend(["-w", "json"]);
+        let out = self.etcdctl(&all);
+        serde_json::from_str(out.trim())
+            .unwrap_or_else(|e| panic!("etcdctl {args:?} printed no JSON ({e}): {out}"))
+    }
+
+    /// The key as stored now, if it exists.
+    pub fn get(&self, key: &str) -> Option<StoredKey> {
+        let v = self.json(&["get", key]);
+        let kv = v["kvs"].as_array()?.first()?;
+        let value = self.etcdctl(&["get", key, "--print-value-only"]);
+        Some(StoredKey {
+            value: value.trim_end_matches('\n').to_string(),
+            create_revision: kv["create_revision"].as_u64().unwrap_or(0),
+            lease: kv["lease"].as_u64().unwrap_or(0),
+        })
+    }
+
+    /// True when `key` exists.
+    pub fn exists(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// The seconds left on lease `id` (-1 when it does not exist).
+    pub fn lease_ttl(&self, id: u64) -> i64 {
+        self.json(&["lease", "timetolive", &format!("{id:x}")])["ttl"]
+            .as_i64()
+            .unwrap_or(-1)
+    }
+
+    /// How many leases exist.
+    pub fn lease_count(&self) -> usize {
+        let out = self.etcdctl(&["lease", "list"]);
+        out.lines().skip(1).filter(|l| !l.trim().is_empty()).count()
+    }
+
+    /// Creates user `root` with `password` and turns authentication on.
+    pub fn enable_auth(&mut self, password: &str) {
+        self.etcdctl(&[
+            "user",
+            "add",
+            "root",
+            &format!("--new-user-password={password}"),
+        ]);
+        self.etcdctl(&["auth", "enable"]);
+        self.auth = Some(format!("root:{password}"));
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A key as etcd stores it.
+#[derive(Clone, Debug)]
+pub struct StoredKey {
+    /// The value, as text.
+    pub value: String,
+    /// The revision that created it.
+    pub create_revision: u64,
+    /// The lease it is attached to (0: none).
+    pub lease: u64,
+}
+
+/// The etcd key of lock `name` under the default prefix.
+pub fn etcd_key(name: &str) -> String {
+    format!("lockrun:{name}")
+}
+
+fn spawn_etcd(data: &Path, log_path: &Path, port: u16, peer: u16) -> Result<Child, String> {
+    let log = File::create(log_path).map_err(|e| e.to_string())?;
+    let client = format!("http://127.0.0.1:{port}");
+    let peer = format!("http://127.0.0.1:{peer}");
+    let mut child = Command::new("etcd")
+        .arg("--name=t")
+        .arg(format!("--data-dir={}", data.display()))
+        .arg(format!("--listen-client-urls={client}"))
+        .arg(format!("--advertise-client-urls={client}"))
+        .arg(format!("--listen-peer-urls={peer}"))
+        .arg(format!("--initial-advertise-peer-urls={peer}"))
+        .arg(format!("--initial-cluster=t={peer}"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("spawn etcd: {e}"))?;
+    let start = Instant::now();
+    loop {
+        let text = fs::read_to_string(log_path).unwrap_or_default();
+        if text.contains(&format!(
+            "serving insecure client requests on 127.0.0.1:{port}"
+        )) {
+            return Ok(child);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("etcd exited with {status}: {text}"));
+        }
+        if start.elapsed() > START_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "etcd did not serve within {START_TIMEOUT:?}: {text}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

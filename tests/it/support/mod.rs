@@ -1,0 +1,66 @@
+//! Shared support for lockrun's integration tests, split by concern:
+//!
+//! - `process`: running the real `lockrun` binary, waiting for it, looking at processes
+//!   through `/proc`; `scratch`: a temporary directory for marker, pid and history files;
+//! - servers of the test's own on free ports: `redis` (plain, password, TLS, ACL users),
+//!   `sentinel` (master, replica and Sentinel), `etcd`, `pg` (private PostgreSQL clusters,
+//!   and tables in the machine's server); `tls` makes their certificates;
+//! - `proxy`: the fault-injecting TCP proxy (pass, blackhole, cut, refuse, latency, held
+//!   back requests, traffic watching); `clock`: the boot clock and a fake wall clock;
+//! - `backends`: every backend behind one interface, for the conformance suite;
+//! - `history`: the one mutual-exclusion and fencing checker;
+//! - `serial`: which tests may run side by side.
+//!
+//! Rules every helper keeps, so that tests can run in parallel on a small noisy machine:
+//! - every test gets its own servers (never the shared Redis on 6379);
+//! - every process started here is killed by a `Drop` guard, even when a test panics;
+//! - every wait checks a condition and panics with a clear message after a deadline;
+//! - the environment given to lockrun has no `LOCKRUN_*` variable unless the test sets it.
+
+mod backends;
+mod clock;
+mod etcd;
+mod history;
+mod pg;
+mod process;
+mod proxy;
+mod redis;
+mod scratch;
+mod sentinel;
+mod serial;
+mod tls;
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+pub use backends::{Backend, Postgres, Quorum, SentinelService, Service};
+pub use clock::{boottime, FakeClock};
+pub use etcd::{etcd_key, EtcdServer};
+pub use history::{overlaps, reused_tokens, Sections, Span};
+pub use pg::{Db, PrivatePg, Table, SHARED_URL};
+pub use process::*;
+pub use proxy::{Mode, Proxy, Watch, Watcher};
+pub use redis::{fence_key, lock_key, RedisServer};
+pub use scratch::{wait_line, wait_pid, Scratch};
+pub use sentinel::Sentinel;
+pub use serial::alone;
+pub use tls::TlsFiles;
+
+/// Upper bound for waits that should finish in well under a second on an idle machine.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// How often waiting loops look at their condition.
+pub const POLL: Duration = Duration::from_millis(5);
+
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port()
+}
+
+/// A port on which nothing listens (connections are refused).
+pub fn closed_port() -> u16 {
+    free_port()
+}
