@@ -1,13 +1,18 @@
 //! `--metrics-file`: Prometheus text-format gauges for node_exporter's textfile
-//! collector, rewritten atomically (temporary file in the same directory, then
-//! rename) after every run, whatever its outcome, so the collector never reads half a
-//! file. The last success is carried over from the previous file when this run did
-//! not succeed. Depends on [`crate::outcome`].
+//! collector, rewritten atomically after every run, whatever its outcome, so the
+//! collector never reads half a file. The last success is carried over from the
+//! previous file when this run did not succeed. How the file is read and replaced in a
+//! directory that someone else may write (no symlink followed, no FIFO waited on, no
+//! more than 64 KiB read, an unpredictable temporary name) is in `file`. Depends on
+//! [`crate::outcome`], [`crate::log`] (the one warning about an unusable previous
+//! file) and [`crate::token`] (the temporary name).
 
-use std::io::Write;
+mod file;
+
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::log;
 use crate::outcome::Outcome;
 
 /// What one run reports.
@@ -112,30 +117,30 @@ pub fn render(lock: &str, report: &RunReport, now: SystemTime, previous: &str) -
     out
 }
 
-/// Rewrites `path` atomically with the metrics of `report`.
+/// Rewrites `path` atomically with the metrics of `report`. A previous file that
+/// cannot be used (a symlink, a FIFO, over 64 KiB, ...) is replaced all the same,
+/// after one warning; a directory at `path` is an error.
 pub fn write(path: &Path, lock: &str, report: &RunReport) -> std::io::Result<()> {
-    let previous = std::fs::read_to_string(path).unwrap_or_default();
+    let previous = match file::read_previous(path) {
+        file::Previous::Text(text) => text,
+        file::Previous::Directory => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::IsADirectory,
+                "it is a directory; give --metrics-file a file's path",
+            ))
+        }
+        file::Previous::Unusable(why) => {
+            let msg = format!(
+                "the metrics file {} {why}: not read, so the last success starts \
+                 afresh; it is replaced by a regular file",
+                path.display()
+            );
+            log::emit(log::Level::Warn, log::Event::MetricsFailed, &msg, &[]);
+            String::new()
+        }
+    };
     let text = render(lock, report, SystemTime::now(), &previous);
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    // A dot-file: node_exporter only reads *.prom, so the temporary file is ignored.
-    let tmp = dir.join(format!(".{file_name}.{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    file::replace(path, &text)
 }
 
 #[cfg(test)]
@@ -205,5 +210,27 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    /// Two lockruns in one directory with the same pid (PID 1 in two pods sharing a
+    /// volume) write at the same time: neither fails and the file is always whole.
+    #[test]
+    fn concurrent_writers_with_one_pid_never_share_a_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.prom");
+        let whole = render("job", &report(Outcome::Exited(0)), at(1), "").len();
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for _ in 0..50 {
+                        write(&path, "job", &report(Outcome::Exited(0))).unwrap();
+                    }
+                });
+            }
+        });
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.matches("# TYPE").count(), 6, "{text}");
+        assert!(text.len() >= whole, "{text}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 }

@@ -1,6 +1,9 @@
 //! `--metrics-file`: after every run (ran, busy, lost, error) the file is replaced with
 //! Prometheus text-format gauges labelled with the lock, for node_exporter's textfile
-//! collector; the last success is carried over from the previous file.
+//! collector; the last success is carried over from the previous file. What a hostile
+//! directory can put in the way (symlinks, a FIFO, a huge file) is in `hostile`.
+
+mod hostile;
 
 use std::collections::HashMap;
 use std::path::Path;
