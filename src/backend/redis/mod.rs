@@ -33,6 +33,7 @@ use crate::backend::{wait_slice, Acquire, AcquireRequest, Backend, BackendError,
 use crate::config::BackendConfig;
 use conn::{RedisConn, RedisSlot};
 use scripts::{AcquireReply, Done, HolderReply, Keys, Script};
+pub use scripts::{FENCE_KEEP, MAX_LEASE};
 pub use target::{RedisTarget, KIND};
 
 /// How long a waiter's heartbeat lasts; a waiter re-checks (and so renews it) at least
