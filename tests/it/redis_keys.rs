@@ -243,3 +243,22 @@ fn the_fencing_counter_expires_and_tokens_still_increase_without_it() {
         "the lock is held after the runs"
     );
 }
+
+#[test]
+fn redlock_counters_expire_on_every_server() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let mut cmd = lockrun();
+    for s in &servers {
+        cmd.args(["--url", &s.url()]);
+    }
+    cmd.args(["job", "--", "true"]);
+    run(cmd).assert_code(0);
+    let week_ms = 7 * 24 * 3600 * 1000;
+    for s in &servers {
+        let pttl = s.pttl(&fence_key("job"));
+        assert!(
+            pttl > week_ms - 60_000 && pttl <= week_ms,
+            "counter PTTL {pttl}"
+        );
+    }
+}
