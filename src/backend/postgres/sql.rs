@@ -70,34 +70,7 @@ impl Sql {
                  CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint CACHE 1",
                 key = fnv1a(table.to_ascii_lowercase().as_bytes()) as i32
             ),
-            // Takes the row if it is missing or expired, with a fencing token taken
-            // under the row lock; otherwise answers who holds it. The VALUES' nextval
-            // counts only for a name without a row. A name without a row (in the
-            // statement's snapshot: the test is a one-time filter, so an acquisition of
-            // a known name scans nothing) also deletes a few rows whose lease ended
-            // more than RETENTION ago, never its own, skipping rows another statement
-            // has locked: the table holds about a RETENTION's worth of names.
-            acquire: format!(
-                "WITH taken AS ( \
-                   INSERT INTO {table} AS r (name, token, fence, host, pid, since, expires_at) \
-                   VALUES ($1, $2, nextval('{seq}'), $3, $4, now(), now() + $5 * interval '1 millisecond') \
-                   ON CONFLICT (name) DO UPDATE SET token = excluded.token, \
-                     fence = nextval('{seq}'), host = excluded.host, pid = excluded.pid, \
-                     since = excluded.since, expires_at = excluded.expires_at \
-                   WHERE r.expires_at <= now() \
-                   RETURNING fence), \
-                 gone AS ( \
-                   DELETE FROM {table} \
-                   WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE name = $1) \
-                   AND name = ANY(ARRAY( \
-                     SELECT name FROM {table} \
-                     WHERE expires_at < now() - interval '{RETENTION}' AND name <> $1 \
-                     LIMIT {CLEANUP_BATCH} FOR UPDATE SKIP LOCKED))) \
-                 SELECT true, fence, '', 0::bigint, 0::bigint, 0::bigint FROM taken \
-                 UNION ALL \
-                 SELECT false, r.fence, r.host, r.pid, {ms} FROM {table} r \
-                 WHERE r.name = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
-            ),
+            acquire: acquire(table, &seq),
             // Renewal, and `--hold-at-least` at release: a new expiry for our lease.
             extend: format!(
                 "UPDATE {table} SET expires_at = now() + $3 * interval '1 millisecond' \
@@ -120,6 +93,39 @@ impl Sql {
             ),
         }
     }
+}
+
+/// The acquire statement: takes the row if it is missing or expired, with a fencing token
+/// taken under the row lock; otherwise answers who holds it. The VALUES' nextval counts
+/// only for a name without a row.
+///
+/// A name without a row (in the statement's snapshot; a one-time filter, so that an
+/// acquisition of a known name scans nothing more) also deletes a few rows whose lease
+/// ended more than [`RETENTION`] ago, never its own, skipping rows that another statement
+/// has locked: the table holds about a [`RETENTION`]'s worth of names.
+fn acquire(table: &str, seq: &str) -> String {
+    let ms = MS_COLUMNS;
+    format!(
+        "WITH taken AS ( \
+           INSERT INTO {table} AS r (name, token, fence, host, pid, since, expires_at) \
+           VALUES ($1, $2, nextval('{seq}'), $3, $4, now(), now() + $5 * interval '1 millisecond') \
+           ON CONFLICT (name) DO UPDATE SET token = excluded.token, \
+             fence = nextval('{seq}'), host = excluded.host, pid = excluded.pid, \
+             since = excluded.since, expires_at = excluded.expires_at \
+           WHERE r.expires_at <= now() \
+           RETURNING fence), \
+         gone AS ( \
+           DELETE FROM {table} \
+           WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE name = $1) \
+           AND name = ANY(ARRAY( \
+             SELECT name FROM {table} \
+             WHERE expires_at < now() - interval '{RETENTION}' AND name <> $1 \
+             LIMIT {CLEANUP_BATCH} FOR UPDATE SKIP LOCKED))) \
+         SELECT true, fence, '', 0::bigint, 0::bigint, 0::bigint FROM taken \
+         UNION ALL \
+         SELECT false, r.fence, r.host, r.pid, {ms} FROM {table} r \
+         WHERE r.name = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
+    )
 }
 
 /// 64-bit FNV-1a: a hash that every lockrun version computes alike.
