@@ -137,3 +137,51 @@ fn authentication_is_checked_and_the_password_never_shown() {
     assert!(s.exists("marker"));
     assert!(!f.stderr.contains("s3cret-pw"), "the password was printed");
 }
+
+#[test]
+fn a_lock_key_on_no_lease_is_given_the_longest_lease() {
+    let etcd = EtcdServer::start();
+    let holder = r#"{"token":"by-hand","host":"oldhost","pid":4242,"since_ms":1}"#;
+    etcd.etcdctl(&["put", &etcd_key("job"), holder]);
+    let created = etcd.get(&etcd_key("job")).unwrap().create_revision;
+    let mut status = lockrun();
+    status.args(["status", "--json", "--url", &etcd.url(), "job"]);
+    let f = run(status);
+    f.assert_code(0);
+    let v: serde_json::Value = serde_json::from_str(f.stdout.trim()).expect("status JSON");
+    let ttl = v["ttl_ms"].as_i64().expect("ttl_ms");
+    assert!(
+        ttl > 86_000_000 && ttl <= 86_400_000,
+        "status shows {ttl} ms left"
+    );
+    let key = etcd.get(&etcd_key("job")).expect("the key is still there");
+    assert_ne!(key.lease, 0, "the key is still on no lease");
+    let left = etcd.lease_ttl(key.lease);
+    assert!(
+        left > 86_000 && left <= 86_400,
+        "its lease has {left}s left"
+    );
+    assert_eq!((key.value.as_str(), key.create_revision), (holder, created));
+    // A busy answer about it leaves it as it is: still held, on one lease.
+    run(lockrun_run(&etcd.url(), "job", &[], &["true"])).assert_failure(75);
+    assert_eq!(etcd.get(&etcd_key("job")).unwrap().lease, key.lease);
+    assert_eq!(etcd.lease_count(), 1, "a lease was left behind");
+}
+
+#[test]
+fn a_lease_longer_than_a_day_is_refused_before_it_is_granted() {
+    let etcd = EtcdServer::start();
+    let s = Scratch::new();
+    for ttl in ["100y", "25h"] {
+        let cmd = lockrun_run(
+            &etcd.url(),
+            "job",
+            &["--ttl", ttl],
+            &["touch", s.path("ran").to_str().unwrap()],
+        );
+        run(cmd).assert_failure(125);
+        assert!(!s.exists("ran"), "--ttl {ttl}: the command ran");
+        assert!(!etcd.exists(&etcd_key("job")), "--ttl {ttl} took the lock");
+        assert_eq!(etcd.lease_count(), 0, "--ttl {ttl} left a lease");
+    }
+}

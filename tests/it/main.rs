@@ -5,7 +5,8 @@
 //! - `supervisor`: signals, the process group, `--max-runtime`, PID 1;
 //! - `lease`, `fencing`, `contention`: the lease, tokens and waiting, against Redis;
 //! - `conformance`: SPEC's contract, written once and run against every backend;
-//! - `redlock`, `sentinel`, `postgres`, `etcd`, `auth`, `tls`: what only one backend has;
+//! - `redis_keys`, `redlock`, `sentinel`, `postgres`, `etcd`, `auth`, `tls`: what only one
+//!   backend has;
 //! - `metrics`, `operations`: the metrics file and the logs;
 //! - `docs`: the README, man page and examples agree with the code;
 //! - `soak`: the nemesis soak and its history checker.
@@ -22,6 +23,7 @@ mod lease;
 mod metrics;
 mod operations;
 mod postgres;
+mod redis_keys;
 mod redlock;
 mod sentinel;
 mod soak;

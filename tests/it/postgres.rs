@@ -272,3 +272,44 @@ fn the_database_clock_decides_expiry() {
     holder.wait().assert_failure(124);
     assert!(is_dead(pid));
 }
+
+/// The fencing token of one run of `name` on `t`.
+fn token_on(t: &Table, name: &str) -> u128 {
+    let f = run(t.run(name, &[], &sh("echo $LOCKRUN_FENCING_TOKEN")));
+    parse_token(f.assert_code(0).stdout.trim())
+}
+
+#[test]
+fn rows_of_names_unused_for_a_day_go_and_tokens_keep_increasing() {
+    let t = Table::shared();
+    let mut seen = vec![
+        token_on(&t, "job"),
+        token_on(&t, "recent"),
+        token_on(&t, "other"),
+    ];
+    // "job" was last released 25 hours ago, "recent" 23 hours ago.
+    t.sql(
+        "job",
+        "UPDATE $T SET expires_at = now() - interval '25 hours' WHERE name = $K RETURNING 1",
+    );
+    t.sql(
+        "recent",
+        "UPDATE $T SET expires_at = now() - interval '23 hours' WHERE name = $K RETURNING 1",
+    );
+    let rows = |t: &Table| {
+        t.db.column(&format!("SELECT name FROM {} ORDER BY name", t.name))
+    };
+    // A name that has a row deletes nothing (that statement scans no other row).
+    seen.push(token_on(&t, "other"));
+    assert!(rows(&t).contains(&Table::key("job")), "{:?}", rows(&t));
+    // A new name deletes the rows whose lease ended more than a day ago, and no other.
+    seen.push(token_on(&t, "fresh"));
+    let keys: Vec<String> = ["fresh", "other", "recent"].map(Table::key).into();
+    assert_eq!(rows(&t), keys);
+    // The name whose row went gets a token larger than every one before.
+    seen.push(token_on(&t, "job"));
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "tokens must strictly increase: {seen:?}"
+    );
+}

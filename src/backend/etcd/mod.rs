@@ -32,6 +32,12 @@
 //! leader extends every lease. So a crashed holder's lock can outlive `--ttl` a little;
 //! it never expires earlier than lockrun assumes.
 //!
+//! **Every key expires**: a lease longer than a day (`value::MAX_LEASE`, lockrun's
+//! longest `--ttl`) is refused before it is granted, and a lock key found on no lease
+//! (lockrun never writes one: it was written by hand) is put on a new lease of a day by
+//! the busy answer or `status` that finds it. Release deletes the key with its lease;
+//! nothing else is kept per name (the fencing token is etcd's revision).
+//!
 //! The client talks to one member at a time, made lazily. After any error or abandoned
 //! call it is dropped and the next call uses the next member; a call whose connection
 //! could not even be made is tried on the next member at once.
@@ -260,7 +266,7 @@ impl Backend for EtcdBackend {
 
     async fn inspect(&self, name: &str) -> Result<Option<Holder>, BackendError> {
         match self.read(&self.key(name)).await? {
-            (Some(kv), _) => Ok(Some(self.holder(&kv).await?)),
+            (Some(kv), _) => Ok(Some(self.live_holder(&kv).await?)),
             (None, _) => Ok(None),
         }
     }

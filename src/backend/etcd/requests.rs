@@ -10,7 +10,7 @@ use etcd_client::{
 };
 
 use super::errors::is_lease_not_found;
-use super::value::{holder_from, new_lease_id, ttl_secs};
+use super::value::{holder_from, lease_secs, new_lease_id, ttl_secs, MAX_LEASE};
 use super::{EtcdBackend, OurLease};
 use crate::backend::{Acquire, BackendError, Holder};
 
@@ -33,7 +33,8 @@ impl EtcdBackend {
         self.local().lease.clone().filter(|l| l.token == token)
     }
 
-    /// The holder stored in `kv`, with the time left on its lease.
+    /// The holder stored in `kv`, with the time left on its lease (0 for a key on no
+    /// lease).
     pub(super) async fn holder(&self, kv: &KeyValue) -> Result<Holder, BackendError> {
         let lease = kv.lease();
         let ttl = if lease == 0 {
@@ -43,6 +44,48 @@ impl EtcdBackend {
                 .await?
                 .ttl()
         };
+        Ok(holder_from(kv.value(), kv.create_revision(), ttl))
+    }
+
+    /// Like [`EtcdBackend::holder`], for a lock someone may wait for: a key on no lease
+    /// (lockrun always puts it on one: this one was written by hand) would be held
+    /// forever, so it is first put on a new lease of [`MAX_LEASE`], if it is still the
+    /// key that was read (its value and create revision, the fencing token, stay).
+    pub(super) async fn live_holder(&self, kv: &KeyValue) -> Result<Holder, BackendError> {
+        if kv.lease() != 0 {
+            return self.holder(kv).await;
+        }
+        let id = new_lease_id();
+        let ttl = ttl_secs(MAX_LEASE);
+        self.call(|mut c| async move {
+            c.lease_grant(ttl, Some(LeaseGrantOptions::new().with_id(id)))
+                .await
+        })
+        .await?;
+        let key = kv.key();
+        let attach = Txn::new()
+            .when([Compare::mod_revision(
+                key,
+                CompareOp::Equal,
+                kv.mod_revision(),
+            )])
+            .and_then([TxnOp::put(
+                key,
+                "",
+                Some(PutOptions::new().with_lease(id).with_ignore_value()),
+            )]);
+        let attached = self
+            .call(|mut c| {
+                let txn = attach.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+            .map(|r| r.succeeded());
+        if attached != Ok(true) {
+            let _ = self.revoke(id).await;
+        }
+        // Changed since it was read: the next look finds out what it is now.
+        let ttl = if attached? { ttl } else { 0 };
         Ok(holder_from(kv.value(), kv.create_revision(), ttl))
     }
 
@@ -110,8 +153,9 @@ impl EtcdBackend {
         keep: Duration,
     ) -> Result<(), BackendError> {
         let id = new_lease_id();
+        let secs = lease_secs(keep)?;
         self.call(|mut c| async move {
-            c.lease_grant(ttl_secs(keep), Some(LeaseGrantOptions::new().with_id(id)))
+            c.lease_grant(secs, Some(LeaseGrantOptions::new().with_id(id)))
                 .await
         })
         .await?;
@@ -143,9 +187,10 @@ impl EtcdBackend {
     }
 
     /// Grants our lease `id` of `ttl` (rounded up to whole seconds); a server that
-    /// grants less (its maximum TTL is lower) is a refusal, never a shorter lease.
+    /// grants less (its maximum TTL is lower) is a refusal, never a shorter lease, and
+    /// so is a lease longer than [`MAX_LEASE`], before anything is granted.
     pub(super) async fn grant(&self, id: i64, ttl: Duration) -> Result<(), BackendError> {
-        let ttl = ttl_secs(ttl);
+        let ttl = lease_secs(ttl)?;
         let granted = self
             .call(|mut c| async move {
                 c.lease_grant(ttl, Some(LeaseGrantOptions::new().with_id(id)))
@@ -181,7 +226,7 @@ impl EtcdBackend {
         }
         let holder = async {
             match &kv {
-                Some(kv) => self.holder(kv).await,
+                Some(kv) => self.live_holder(kv).await,
                 None => Ok(Holder::default()),
             }
         };

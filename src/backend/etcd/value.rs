@@ -4,11 +4,29 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::backend::{AcquireRequest, Holder};
+use crate::backend::{AcquireRequest, BackendError, Holder};
+
+/// The longest lease lockrun takes (its largest `--ttl` and `--hold-at-least`). A
+/// longer one is refused before it is granted: etcd would grant up to about 285 years,
+/// a lock that never frees. A key found without a lease is given this much.
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
 
 /// etcd TTLs are whole seconds: round up, so the server keeps the lease at least `d`.
 pub fn ttl_secs(d: Duration) -> i64 {
     i64::try_from(d.as_millis().div_ceil(1000).max(1)).unwrap_or(i64::MAX)
+}
+
+/// [`ttl_secs`] of a lease to be granted, or a refusal when it is longer than
+/// [`MAX_LEASE`].
+pub fn lease_secs(d: Duration) -> Result<i64, BackendError> {
+    if d > MAX_LEASE {
+        return Err(BackendError::Refused(format!(
+            "a lease of {} is longer than the 24 h an etcd lock lease may last: \
+             use a shorter --ttl or --hold-at-least",
+            humantime::format_duration(d)
+        )));
+    }
+    Ok(ttl_secs(d))
 }
 
 /// A random, positive lease ID (etcd chooses one when given 0).
@@ -55,6 +73,17 @@ mod tests {
         assert_eq!(ttl_secs(Duration::from_secs(2)), 2);
         assert_eq!(ttl_secs(Duration::from_millis(2001)), 3);
         assert_eq!(ttl_secs(Duration::ZERO), 1);
+    }
+
+    #[test]
+    fn a_lease_longer_than_a_day_is_refused() {
+        assert_eq!(lease_secs(MAX_LEASE), Ok(86_400));
+        for long in [MAX_LEASE + Duration::from_millis(1), Duration::MAX] {
+            let Err(BackendError::Refused(e)) = lease_secs(long) else {
+                panic!("{long:?} was taken")
+            };
+            assert!(e.contains("24 h"), "{e}");
+        }
     }
 
     #[test]

@@ -2,8 +2,24 @@
 //!
 //! Table `T` (`--pg-table`, created with its sequence `T_fence` when missing) holds a row
 //! per lock key `PREFIX + NAME`: the holder's `token`, `fence`, `host`, `pid`, `since` and
-//! `expires_at`. A row is never deleted by lockrun: release and `release --force` mark it
-//! free (empty token, expired), so that the row lock orders every acquisition of a name.
+//! `expires_at`. Release and `release --force` do not delete the row: they mark it free
+//! (empty token, expired), so that the row lock orders every acquisition of a name.
+//!
+//! **Rows of unused names** are deleted once their lease ended more than a day ago
+//! (`sql::RETENTION`), a few at a time, by acquisitions of names that have no row (the
+//! only statements that add one): the table holds about a day's worth of names. This
+//! keeps the ordering: a held row is never deleted (its lease has not ended), and the
+//! only token not taken under a row lock, the INSERT's `nextval` for a name without a
+//! row, could come out below a token already handed out for that name only if its
+//! statement drew it before that token was drawn and inserted after that token's row
+//! was deleted, that is, a day after that lease ended: no statement of ours runs that
+//! long (`statement_timeout` 10 s, `lock_timeout` 5 s; and one autocommit statement
+//! never waits a day on another). Tokens come from the sequence, not from the row, so
+//! they keep increasing once the row is gone.
+//!
+//! **Every row expires**: `expires_at` is `now()` plus a lease of at most a day
+//! (`sql::MAX_LEASE`, lockrun's longest `--ttl`), checked before a statement is sent; a
+//! statement that fails (an interval out of range) writes nothing.
 //!
 //! Every step is ONE autocommit statement, atomic on the server (see `sql.rs`):
 //! - expiry is judged by the database's clock, `now()`: the start of the statement's own
@@ -45,7 +61,7 @@ use tokio_postgres::{AsyncMessage, Client, Connection as PgConnection, NoTls, Ro
 use crate::backend::conn::{self as slot, Connection, InUse, Slot, Wakeups};
 use crate::backend::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::config::BackendConfig;
-use sql::{channel, Sql, SESSION};
+use sql::{channel, millis, Sql, SESSION};
 pub use target::{PgArgs, PostgresTarget, KIND};
 
 /// The longest a polite close may take before the connection is just dropped.
@@ -253,7 +269,7 @@ impl PostgresBackend {
     async fn try_acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
         let key = self.key(name);
         let pid = i64::from(req.pid);
-        let ttl = millis(req.ttl);
+        let ttl = millis(req.ttl)?;
         for _ in 0..3 {
             let rows = self
                 .query(
@@ -332,10 +348,6 @@ where
     }
 }
 
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis().max(1)).unwrap_or(i64::MAX)
-}
-
 impl Backend for PostgresBackend {
     async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
         let first = self.try_acquire(name, req).await?;
@@ -352,7 +364,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn renew(&self, name: &str, token: &str, ttl: Duration) -> Result<(), BackendError> {
-        let (key, ttl) = (self.key(name), millis(ttl));
+        let (key, ttl) = (self.key(name), millis(ttl)?);
         let params: &Params<'_> = &[(&key, Type::TEXT), (&token, Type::TEXT), (&ttl, Type::INT8)];
         match self.count(&self.sql.extend, params).await? {
             0 => Err(BackendError::NotOwner),
@@ -373,7 +385,7 @@ impl Backend for PostgresBackend {
                 self.count(&self.sql.release, params).await?
             }
             Release::KeepFor(d) => {
-                let keep = millis(d);
+                let keep = millis(d)?;
                 let params: &Params<'_> = &[
                     (&key, Type::TEXT),
                     (&token, Type::TEXT),

@@ -6,6 +6,12 @@
 //! counter, and the queue of `--wait`ers with their heartbeats; a release wakes only
 //! the longest-waiting live waiter, on its own pub/sub channel.
 //!
+//! Every key expires (SPEC property 8): the scripts check their lease arguments (1 ms
+//! to [`MAX_LEASE`]) before writing anything, and each key gets its expiry in the
+//! command that writes it or right after it; a lock found without an expiry is given
+//! [`MAX_LEASE`]; the waiters' keys last two heartbeats; the fencing counter lasts
+//! [`FENCE_KEEP`] after the last acquisition (why tokens still increase: see there).
+//!
 //! Every step is one Lua script (`scripts::Script`), atomic on the server, sent with
 //! EVAL: one round trip, and nothing to reload after a server restart. Renew and
 //! release compare the stored token with ours before touching the key.
@@ -33,6 +39,7 @@ use crate::backend::{wait_slice, Acquire, AcquireRequest, Backend, BackendError,
 use crate::config::BackendConfig;
 use conn::{RedisConn, RedisSlot};
 use scripts::{AcquireReply, Done, HolderReply, Keys, Script};
+pub use scripts::{FENCE_KEEP, MAX_LEASE};
 pub use target::{RedisTarget, KIND};
 
 /// How long a waiter's heartbeat lasts; a waiter re-checks (and so renews it) at least

@@ -14,6 +14,31 @@ use redis::{FromRedisValue, ParsingError, Value};
 
 use crate::backend::Holder;
 
+/// The longest lease the scripts accept (`MAX_MS` in `scripts/args.lua`): lockrun's
+/// largest `--ttl` and `--hold-at-least`. A lock found without an expiry is given this
+/// much, and reported so, so that it frees eventually and its waiters wait rather than
+/// poll.
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+
+/// How long a fencing counter outlives its last write (`FENCE_KEEP_MS` in
+/// `scripts/args.lua`), so that a name no longer used leaves nothing behind for good.
+///
+/// Why tokens still only increase once the counter is gone: a token is
+/// `max(counter + 1, server time in µs)`. The counter is at most a few µs ahead of
+/// the clock that wrote it, because it advances by more than the clock only when two
+/// acquisitions of one name fall in the same microsecond, and each is a whole script
+/// run (tens of µs at least) on a server that runs one script at a time. It can be
+/// further ahead only through the clock itself: a server clock stepped back, or
+/// (Redlock) a token raised to by a quorum whose clocks run ahead. The counter expires
+/// 7 days after the last acquisition, so the next token is at least that server's
+/// time then, 7 days (6.0e11 µs) past the time of the last token: larger than it
+/// unless the counter was more than 7 days ahead of the clock, that is, unless a clock
+/// was off by more than a week (the same proviso as property 5: the clock does not run
+/// backwards). While the counter lives, a counter ahead of the clock is honoured as
+/// before. 7 days is also far longer than any lease (at most [`MAX_LEASE`]), so a
+/// lock's counter outlives the lock.
+pub const FENCE_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// One of the backend's scripts. Each runs atomically on the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Script {
@@ -46,18 +71,33 @@ impl Script {
         Script::Force,
     ];
 
-    /// The script's Lua source.
+    /// The script's Lua source. Every script that sets an expiry gets the argument
+    /// checks (`scripts/args.lua`) first; the scripts that free a lock get the wake-up
+    /// helper.
     pub fn source(self) -> &'static str {
         match self {
-            Script::Acquire => include_str!("scripts/acquire.lua"),
-            Script::Renew => include_str!("scripts/renew.lua"),
+            Script::Acquire => concat!(
+                include_str!("scripts/args.lua"),
+                include_str!("scripts/acquire.lua")
+            ),
+            Script::Renew => concat!(
+                include_str!("scripts/args.lua"),
+                include_str!("scripts/renew.lua")
+            ),
             Script::Release => concat!(
+                include_str!("scripts/args.lua"),
                 include_str!("scripts/wake.lua"),
                 include_str!("scripts/release.lua")
             ),
-            Script::FenceFloor => include_str!("scripts/fence_floor.lua"),
+            Script::FenceFloor => concat!(
+                include_str!("scripts/args.lua"),
+                include_str!("scripts/fence_floor.lua")
+            ),
             Script::Leave => include_str!("scripts/leave.lua"),
-            Script::Inspect => include_str!("scripts/inspect.lua"),
+            Script::Inspect => concat!(
+                include_str!("scripts/args.lua"),
+                include_str!("scripts/inspect.lua")
+            ),
             Script::Force => concat!(
                 include_str!("scripts/wake.lua"),
                 include_str!("scripts/force.lua")
@@ -232,9 +272,10 @@ fn holder(fields: &[Value]) -> Result<Holder, ParsingError> {
     let [host, pid, since, fence, pttl] = fields else {
         return Err(format!("a holder of {} fields instead of 5", fields.len()).into());
     };
-    // -1: a key without expiry, which lockrun never writes; shown as zero left.
+    // -1: a key without expiry, which the scripts replace by MAX_LEASE (and give that
+    // expiry); should one still come, it is treated alike.
     let ttl_left = match pttl {
-        Value::Int(-1) => 0,
+        Value::Int(-1) => MAX_LEASE.as_millis() as u64,
         other => number(other)?,
     };
     Ok(Holder {
@@ -293,6 +334,40 @@ mod tests {
     }
 
     #[test]
+    fn the_scripts_that_set_an_expiry_check_their_arguments_first() {
+        for s in Script::ALL {
+            let src = s.source();
+            let expires = src.contains("PEXPIRE") || src.contains("'PX'");
+            if matches!(s, Script::Force | Script::Leave) {
+                assert!(!expires, "{s:?} sets an expiry without the checks");
+                continue;
+            }
+            assert!(src.contains("local function bad_ms"), "{s:?}");
+            // In the script proper, the checks come before the first write.
+            let body = src
+                .replace(include_str!("scripts/args.lua"), "")
+                .replace(include_str!("scripts/wake.lua"), "");
+            let first = |words: &[&str]| words.iter().filter_map(|w| body.find(w)).min();
+            let check = first(&["bad_ms(", "error_reply("]);
+            let write = first(&["'SET'", "'HSET'", "'ZADD'", "'PEXPIRE'", "'DEL'"]);
+            if s == Script::Inspect {
+                // No arguments; its one write is the expiry of a lock that has none.
+                assert_eq!(check, None);
+            } else {
+                assert!(check.is_some() && check < write, "{s:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_lua_bounds_are_the_rust_ones() {
+        let args = include_str!("scripts/args.lua");
+        let ms = |d: Duration| d.as_millis().to_string();
+        assert!(args.contains(&format!("local MAX_MS = {}\n", ms(MAX_LEASE))));
+        assert!(args.contains(&format!("local FENCE_KEEP_MS = {}\n", ms(FENCE_KEEP))));
+    }
+
+    #[test]
     fn acquire_replies_parse() {
         let ok = Value::Array(vec![Value::Int(1), bulk("1700000000000123")]);
         assert_eq!(
@@ -344,7 +419,7 @@ mod tests {
         else {
             panic!()
         };
-        assert_eq!((h.pid, h.fencing_token, h.ttl_left), (7, 9, Duration::ZERO));
+        assert_eq!((h.pid, h.fencing_token, h.ttl_left), (7, 9, MAX_LEASE));
         let short = Value::Array(vec![bulk("h"), bulk("7")]);
         assert!(parse::<HolderReply>(Script::Force, short).is_err());
     }

@@ -1,8 +1,8 @@
 //! The contract on a healthy backend: the command runs with a token and its status is
 //! passed on; mutual exclusion under contention (SPEC 1) with increasing tokens (SPEC
 //! 5); busy, waiting and hand-off; a crashed holder's lock expires (SPEC 7); renewal;
-//! `--hold-at-least`; `status` and `release --force`; ownership (SPEC 4); failing closed
-//! (SPEC 6).
+//! `--hold-at-least`; `status` and `release --force`; ownership (SPEC 4); no lease
+//! longer than a day (SPEC 8); failing closed (SPEC 6).
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -274,6 +274,23 @@ pub(super) fn release_never_removes_another_owners_lock(start: Start) {
     );
     s2.touch("go");
     second.wait().assert_code(0);
+}
+
+/// SPEC property 8, whatever the argument parser lets through: a lease longer than
+/// any backend keeps (24 h) is refused before anything is written, so no lock is left
+/// held for longer (or for ever, with a lease the server cannot take).
+pub(super) fn a_lease_longer_than_a_day_is_refused_and_leaves_no_lock(start: Start) {
+    let b = start();
+    let s = Scratch::new();
+    for ttl in ["25h", "100y", "18446744073709551615s"] {
+        let mut cmd = b.run("job", &["--ttl", ttl], &sh(r#"touch "$MARKER""#));
+        cmd.env("MARKER", s.path("marker"));
+        run(cmd).assert_failure(125);
+        assert!(!s.exists("marker"), "--ttl {ttl}: the command ran");
+        assert!(!b.held("job"), "--ttl {ttl} left the lock held");
+    }
+    // The refusals left nothing in the way.
+    token_of(&b, &[]);
 }
 
 pub(super) fn unreachable_backend_fails_closed(start: Start) {

@@ -4,8 +4,8 @@
 //! with one line at the bottom of this file.
 //!
 //! - `contract`: running, exclusion, busy and waiting, hand-off, crashes, renewal,
-//!   `--hold-at-least`, fencing, `status` and `release --force`, ownership, failing
-//!   closed;
+//!   `--hold-at-least`, fencing, `status` and `release --force`, ownership, no lease
+//!   longer than a day, failing closed;
 //! - `faults`: a definite loss, the backend down, hung, killed or frozen while a command
 //!   holds the lock: the command is dead before the lease can have expired, and the lock
 //!   works again, with larger tokens, once the fault is over.
@@ -65,6 +65,10 @@ macro_rules! contract_tests {
         contract_test!($start, contract::fencing_tokens_increase);
         contract_test!($start, contract::status_and_forced_release);
         contract_test!($start, contract::release_never_removes_another_owners_lock);
+        contract_test!(
+            $start,
+            contract::a_lease_longer_than_a_day_is_refused_and_leaves_no_lock
+        );
         contract_test!($start, contract::unreachable_backend_fails_closed);
         contract_test!($start, faults::definite_loss_stops_the_command);
         contract_test!($start, faults::backend_down_kills_before_the_lease_expires);

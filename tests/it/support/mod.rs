@@ -40,7 +40,7 @@ pub use history::{overlaps, reused_tokens, Sections, Span};
 pub use pg::{Db, PrivatePg, Table, SHARED_URL};
 pub use process::*;
 pub use proxy::{Mode, Proxy, Watch, Watcher};
-pub use redis::{fence_key, lock_key, RedisServer};
+pub use redis::{fence_key, lock_key, waiter_key, RedisServer};
 pub use scratch::{wait_line, wait_pid, Scratch};
 pub use sentinel::Sentinel;
 pub use serial::alone;

@@ -205,6 +205,40 @@ impl RedisServer {
         unreachable!()
     }
 
+    /// Like [`RedisServer::query`], but a server error is returned rather than a panic.
+    pub fn try_query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        let mut guard = self.con.lock().unwrap();
+        if guard.is_none() {
+            *guard = Some(self.connect());
+        }
+        cmd.query::<T>(guard.as_mut().unwrap())
+    }
+
+    /// EVALs lockrun's script `name` (see [`lockrun_script`]) with `keys` and `args`,
+    /// as lockrun would, but with whatever arguments the test chooses.
+    pub fn eval_lockrun_script(
+        &self,
+        name: &str,
+        keys: &[&str],
+        args: &[&str],
+    ) -> redis::RedisResult<redis::Value> {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(lockrun_script(name))
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        self.try_query(&cmd)
+    }
+
+    /// How many EVALs the server has run since it started (INFO commandstats).
+    pub fn evals(&self) -> u64 {
+        let info: String = self.query(redis::cmd("INFO").arg("commandstats"));
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_eval:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().expect("a number of calls"))
+    }
+
     fn connect(&self) -> redis::Connection {
         let client = redis::Client::open(self.url_with_password()).expect("redis url");
         let con = client
@@ -258,6 +292,30 @@ impl Drop for RedisServer {
 /// The lock's key for `name` with the default prefix: `lockrun:{name}`.
 pub fn lock_key(name: &str) -> String {
     format!("lockrun:{{{name}}}")
+}
+
+/// The Lua source lockrun sends as script `name` (`acquire`, `renew`, ...): the file
+/// under `src/backend/redis/scripts/`, after the helpers `scripts.rs` puts before it
+/// (the argument checks, and the wake-up helper for the scripts that free a lock).
+pub fn lockrun_script(name: &str) -> String {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/backend/redis/scripts");
+    let read = |file: &str| {
+        fs::read_to_string(format!("{dir}/{file}.lua"))
+            .unwrap_or_else(|e| panic!("read {file}.lua: {e}"))
+    };
+    let mut src = String::new();
+    if name != "leave" && name != "force" {
+        src += &read("args");
+    }
+    if name == "release" || name == "force" {
+        src += &read("wake");
+    }
+    src + &read(name)
+}
+
+/// The key of `what` (`waiters`, `alive`) of lock `name` with the default prefix.
+pub fn waiter_key(name: &str, what: &str) -> String {
+    format!("lockrun:{{{name}}}:{what}")
 }
 
 /// The fencing counter's key for `name` with the default prefix.
