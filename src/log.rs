@@ -114,6 +114,8 @@ events! {
     Subreaper => "subreaper",
     /// A signal could not be sent to the command's group.
     SignalFailed => "signal_failed",
+    /// A signal ignored when lockrun started stays ignored: not forwarded.
+    SignalIgnored => "signal_ignored",
 }
 
 /// The logger's settings.
@@ -264,6 +266,7 @@ mod tests {
                 "metrics_failed",
                 "subreaper",
                 "signal_failed",
+                "signal_ignored",
             ]
         );
     }

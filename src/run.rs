@@ -63,6 +63,12 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
         Ok(s) => s,
         Err(e) => return report(fail(&format!("cannot install signal handlers: {e}"))),
     };
+    for sig in signals.ignored() {
+        let msg =
+            format!("{sig} was ignored when lockrun started: it stays ignored, not forwarded");
+        let fields = [("signal", sig.as_str().into())];
+        emit(Level::Info, Event::SignalIgnored, &msg, &fields);
+    }
     if let Err(e) = crate::supervisor::become_subreaper() {
         let msg =
             format!("cannot become a child subreaper ({e}): orphans of the command may escape");
