@@ -48,6 +48,15 @@ pub enum SpawnError {
     CannotExecute(io::Error),
 }
 
+/// A change lockrun makes to its own environment for the command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EnvChange {
+    /// Set this variable to this value.
+    Set(&'static str, String),
+    /// Leave this variable out.
+    Remove(&'static str),
+}
+
 /// Makes lockrun the reaper of its orphaned descendants (`PR_SET_CHILD_SUBREAPER`).
 pub fn become_subreaper() -> nix::Result<()> {
     nix::sys::prctl::set_child_subreaper(true)
@@ -60,16 +69,19 @@ pub struct Group {
 }
 
 impl Group {
-    /// Starts `argv` in a new process group with `env` added to lockrun's environment,
-    /// stdio inherited, and SIGKILL as its parent-death signal.
-    pub fn spawn(argv: &[OsString], env: &[(&str, String)]) -> Result<Group, SpawnError> {
+    /// Starts `argv` in a new process group with lockrun's environment changed by
+    /// `env`, stdio inherited, and SIGKILL as its parent-death signal.
+    pub fn spawn(argv: &[OsString], env: &[EnvChange]) -> Result<Group, SpawnError> {
         let (program, args) = argv.split_first().ok_or_else(|| {
             SpawnError::NotFound(io::Error::new(io::ErrorKind::NotFound, "empty command"))
         })?;
         let mut cmd = Command::new(program);
         cmd.args(args).process_group(0);
-        for (k, v) in env {
-            cmd.env(k, v);
+        for change in env {
+            match change {
+                EnvChange::Set(k, v) => cmd.env(k, v),
+                EnvChange::Remove(k) => cmd.env_remove(k),
+            };
         }
         set_death_signal(&mut cmd, getpid());
         match cmd.spawn() {

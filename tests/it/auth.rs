@@ -1,6 +1,8 @@
 //! Passwords against a `redis-server --requirepass`: every way of giving one that keeps it
 //! out of `argv` works (LOCKRUN_URL, LOCKRUN_PASSWORD, --password-file), and a wrong one
-//! fails closed (125, command not started) without the password showing on stderr.
+//! fails closed (125, command not started) without the password showing on stderr; the
+//! command's environment holds no password (no `LOCKRUN_PASSWORD`, `LOCKRUN_URL` without
+//! its password).
 
 use crate::support::*;
 
@@ -161,5 +163,89 @@ fn an_acl_user_without_the_needed_commands_fails_closed_and_says_so() {
         !f.stderr.contains(":pw@"),
         "the URL with its password leaked:\n{}",
         f.stderr
+    );
+}
+
+/// Runs `env` under lockrun on `url` with `opts` and the environment `env`; returns the
+/// command's environment, one `NAME=value` a line.
+fn command_environment(url: &str, opts: &[&str], env: &[(&str, &str)]) -> String {
+    let s = Scratch::new();
+    let mut cmd = lockrun_run(url, "job", opts, &sh(r#"env > "$OUT""#));
+    cmd.env("OUT", s.path("out")).envs(env.iter().copied());
+    let f = run(cmd);
+    f.assert_code(0);
+    s.read("out")
+}
+
+fn assert_no_password(environment: &str, secret: &str) {
+    assert!(
+        !environment.contains(secret),
+        "the command's environment holds the password:\n{environment}"
+    );
+    assert!(
+        !environment
+            .lines()
+            .any(|l| l.starts_with("LOCKRUN_PASSWORD=")),
+        "the command got LOCKRUN_PASSWORD:\n{environment}"
+    );
+}
+
+#[test]
+fn the_command_gets_lockrun_url_without_its_password() {
+    let redis = RedisServer::with_password(PASSWORD);
+    let s = Scratch::new();
+    let mut cmd = lockrun();
+    cmd.env("LOCKRUN_URL", redis.url_with_password())
+        .env("LOCKRUN_TTL", "7s")
+        .env("OUT", s.path("out"))
+        .args(["job", "--", "sh", "-c", r#"env > "$OUT""#]);
+    run(cmd).assert_code(0);
+    let environment = s.read("out");
+    assert_no_password(&environment, PASSWORD);
+    let url = format!("LOCKRUN_URL=redis://127.0.0.1:{}\n", redis.port());
+    assert!(environment.contains(&url), "{url:?} in:\n{environment}");
+    assert!(
+        environment.contains("LOCKRUN_TTL=7s\n"),
+        "the other LOCKRUN_* variables stay:\n{environment}"
+    );
+}
+
+#[test]
+fn the_command_gets_no_lockrun_password() {
+    let redis = RedisServer::with_password(PASSWORD);
+    let dir = Scratch::new();
+    std::fs::write(dir.path("pw"), format!("{PASSWORD}\n")).unwrap();
+    let file = dir.path("pw");
+    let env = [
+        ("LOCKRUN_PASSWORD", PASSWORD),
+        ("LOCKRUN_KEY_PREFIX", "jobs:"),
+    ];
+    let environment = command_environment(&redis.url(), &[], &env);
+    assert_no_password(&environment, PASSWORD);
+    assert!(environment.contains("LOCKRUN_KEY_PREFIX=jobs:\n"));
+    // A job that calls lockrun itself finds the password in the file.
+    let env = [("LOCKRUN_PASSWORD_FILE", file.to_str().unwrap())];
+    let environment = command_environment(&redis.url(), &[], &env);
+    let passed = format!("LOCKRUN_PASSWORD_FILE={}\n", file.display());
+    assert!(environment.contains(&passed), "{environment}");
+}
+
+#[test]
+fn every_url_of_a_lockrun_url_list_loses_its_password_and_a_doubtful_one_is_left_out() {
+    // With --url given, LOCKRUN_URL is not lockrun's backend, but the command gets it.
+    let redis = RedisServer::start();
+    let list = "redis://:pw-one@h1:1,redis://user:pw-two@h2:2,redis://:pw/three@h3:3";
+    let environment = command_environment(&redis.url(), &[], &[("LOCKRUN_URL", list)]);
+    assert!(!environment.contains("pw-"), "{environment}");
+    assert!(!environment.contains("three"), "{environment}");
+    assert!(
+        environment.contains("LOCKRUN_URL=redis://h1:1,redis://user@h2:2\n"),
+        "{environment}"
+    );
+    let environment =
+        command_environment(&redis.url(), &[], &[("LOCKRUN_URL", "redis://:pw/x@h:1")]);
+    assert!(
+        !environment.contains("LOCKRUN_URL="),
+        "a URL that cannot be taken apart is left out:\n{environment}"
     );
 }
