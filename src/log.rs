@@ -116,6 +116,8 @@ events! {
     SignalFailed => "signal_failed",
     /// A signal ignored when lockrun started stays ignored: not forwarded.
     SignalIgnored => "signal_ignored",
+    /// The password file can be read by group or others.
+    PasswordFileMode => "password_file_mode",
 }
 
 /// The logger's settings.
@@ -267,6 +269,7 @@ mod tests {
                 "subreaper",
                 "signal_failed",
                 "signal_ignored",
+                "password_file_mode",
             ]
         );
     }

@@ -36,12 +36,19 @@ fn record_run(url: &str, opts: &[&str], env: &[(&str, &str)]) -> (Finished, Scra
     (run(cmd), s)
 }
 
-/// [`record_run`] on `redis` with `password` in a `--password-file`, written the way
-/// `echo "$PW" > file` would: with a trailing newline.
+/// [`record_run`] on `redis` with `password` in a `--password-file` of its owner only,
+/// written the way `echo "$PW" > file` would: with a trailing newline.
 fn password_file_run(redis: &RedisServer, password: &str) -> (Finished, Scratch) {
+    password_file_bytes_run(redis, format!("{password}\n").as_bytes(), 0o600)
+}
+
+/// [`record_run`] on `redis` with a `--password-file` holding `bytes`, of mode `mode`.
+fn password_file_bytes_run(redis: &RedisServer, bytes: &[u8], mode: u32) -> (Finished, Scratch) {
+    use std::os::unix::fs::PermissionsExt;
     let dir = Scratch::new();
     let file = dir.path("pw");
-    std::fs::write(&file, format!("{password}\n")).unwrap();
+    std::fs::write(&file, bytes).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
     let opts = ["--password-file", file.to_str().unwrap()];
     record_run(&redis.url(), &opts, &[])
 }
@@ -248,4 +255,83 @@ fn every_url_of_a_lockrun_url_list_loses_its_password_and_a_doubtful_one_is_left
         !environment.contains("LOCKRUN_URL="),
         "a URL that cannot be taken apart is left out:\n{environment}"
     );
+}
+
+/// Asserts that `f` failed with 125 and one line that says `why`, without running the
+/// command.
+fn assert_refused_in_one_line(f: &Finished, s: &Scratch, why: &str) {
+    f.assert_failure(125);
+    assert!(!s.exists("out"), "the command ran");
+    assert_eq!(f.stderr.lines().count(), 1, "one line:\n{}", f.stderr);
+    assert!(f.stderr.contains(why), "{why:?} in:\n{}", f.stderr);
+}
+
+#[test]
+fn a_password_file_readable_by_others_works_with_one_warning() {
+    let redis = RedisServer::with_password(PASSWORD);
+    let (f, s) = password_file_bytes_run(&redis, format!("{PASSWORD}\n").as_bytes(), 0o644);
+    assert_ran(&f, &s);
+    assert_eq!(f.stderr.lines().count(), 1, "one warning:\n{}", f.stderr);
+    assert!(
+        f.stderr.contains("group or others") && f.stderr.contains("0644"),
+        "{}",
+        f.stderr
+    );
+    let (f, s) = password_file_bytes_run(&redis, format!("{PASSWORD}\n").as_bytes(), 0o640);
+    assert_ran(&f, &s);
+    assert!(f.stderr.contains("group or others"), "{}", f.stderr);
+}
+
+#[test]
+fn a_password_file_of_its_owner_only_gives_no_warning() {
+    let redis = RedisServer::with_password(PASSWORD);
+    for mode in [0o600, 0o400] {
+        let (f, s) = password_file_bytes_run(&redis, format!("{PASSWORD}\n").as_bytes(), mode);
+        assert_ran(&f, &s);
+        assert_eq!(f.stderr, "", "mode {mode:o}");
+    }
+}
+
+#[test]
+fn an_empty_password_file_is_refused() {
+    let redis = RedisServer::with_password(PASSWORD);
+    for bytes in ["", "\n", "\nsecond line\n"] {
+        let (f, s) = password_file_bytes_run(&redis, bytes.as_bytes(), 0o600);
+        assert_refused_in_one_line(&f, &s, "empty");
+    }
+}
+
+#[test]
+fn a_password_file_over_4_kib_is_refused() {
+    let redis = RedisServer::with_password(PASSWORD);
+    let mut bytes = format!("{PASSWORD}\n").into_bytes();
+    bytes.resize(4097, b'#');
+    let (f, s) = password_file_bytes_run(&redis, &bytes, 0o600);
+    assert_refused_in_one_line(&f, &s, "4 KiB");
+    bytes.truncate(4096);
+    let (f, s) = password_file_bytes_run(&redis, &bytes, 0o600);
+    assert_ran(&f, &s);
+}
+
+#[test]
+fn dev_zero_as_the_password_file_is_refused_without_reading_it_all() {
+    let redis = RedisServer::with_password(PASSWORD);
+    let s = Scratch::new();
+    let inner = lockrun_run(
+        &redis.url(),
+        "job",
+        &["--password-file", "/dev/zero"],
+        &sh(RECORD),
+    );
+    // A safety net for this machine should lockrun ever read it all again.
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args(["-c", r#"ulimit -v 4000000; exec "$0" "$@""#])
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap())
+        .env("OUT", s.path("out"))
+        .stdin(std::process::Stdio::null());
+    let f = spawn(cmd).wait_for(std::time::Duration::from_secs(10));
+    assert_refused_in_one_line(&f, &s, "4 KiB");
 }
