@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use super::policy::{Next, Policy, Random, Reply, Taken, Terms};
+use super::policy::{Next, Policy, Random, Reply, Taken, Terms, Warn};
 use super::{fail, millis, ms, request_timeout};
 use crate::backend::{Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::clock::BootInstant;
@@ -161,23 +161,24 @@ pub(super) async fn abandon<B: Backend>(cfg: &RunConfig, backend: &B, token: &st
     let _ = tokio::time::timeout(request_timeout(cfg.ttl), cleanup).await;
 }
 
-/// A failed attempt that is retried: the first one and then at most one a minute is a
-/// warning (the policy decides), the others are debug lines.
-fn log_retry(error: &BackendError, warn: bool, attempts: u32, after: Duration) {
+/// A failed attempt that is retried: a warning if the policy says so, else a debug line.
+fn log_retry(error: &BackendError, warn: Warn, attempts: u32, after: Duration) {
     let fields = [("attempts", attempts.into()), ("retry_ms", millis(after))];
-    if !warn {
-        let msg = format!("{error}; retrying in {}", ms(after));
-        emit(Level::Debug, Event::AcquireFailed, &msg, &fields);
-    } else if attempts == 1 {
-        let msg = format!(
-            "{error}; retrying until --wait runs out, with backoff (at most one such \
-             warning a minute)"
-        );
-        emit(Level::Warn, Event::AcquireFailed, &msg, &fields);
-    } else {
-        let msg = format!("{error}; still retrying ({attempts} attempts so far)");
-        emit(Level::Warn, Event::AcquireFailed, &msg, &fields);
-    }
+    let (level, msg) = match warn {
+        Warn::Quietly => (Level::Debug, format!("{error}; retrying in {}", ms(after))),
+        Warn::First => (
+            Level::Warn,
+            format!(
+                "{error}; retrying with backoff until --wait runs out (this warning comes \
+                 at most once a minute)"
+            ),
+        ),
+        Warn::Again => (
+            Level::Warn,
+            format!("{error}; still retrying ({attempts} attempts so far)"),
+        ),
+    };
+    emit(level, Event::AcquireFailed, &msg, &fields);
 }
 
 /// Gives up before the command started, with how many attempts were made over how long

@@ -38,7 +38,7 @@ use crate::lease::Params;
 const RETRY_BASE: Duration = Duration::from_millis(100);
 
 /// The longest pause between two attempts, however many failed.
-pub(crate) const RETRY_CAP: Duration = Duration::from_secs(5);
+const RETRY_CAP: Duration = Duration::from_secs(5);
 
 /// After the first warning about failed attempts, at most one this often.
 const WARN_EVERY: Duration = Duration::from_secs(60);
@@ -133,9 +133,8 @@ pub(crate) enum Next {
         abandon: String,
         /// What went wrong.
         error: BackendError,
-        /// Warn about it (the first failure, then at most one a minute), rather than
-        /// logging it at debug level.
-        warn: bool,
+        /// Whether to warn about it, rather than log it at debug level.
+        warn: Warn,
         /// The attempts made so far, this one included.
         attempts: u32,
     },
@@ -150,6 +149,18 @@ pub(crate) enum Next {
         /// From the start to this answer.
         tried_for: Duration,
     },
+}
+
+/// Whether a failed attempt is warned about: the first one and then at most one a
+/// minute are; the others are logged at debug level only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Warn {
+    /// Not warned about.
+    Quietly,
+    /// The first warning of this run.
+    First,
+    /// A reminder, a minute or more after the last warning.
+    Again,
 }
 
 /// The acquire policy of one run.
@@ -265,10 +276,12 @@ impl Policy {
         }
         self.failures = self.failures.saturating_add(1);
         let after = self.backoff().min(self.give_up_at.saturating_since(now));
-        let warn = self
-            .warned_at
-            .is_none_or(|at| now.saturating_since(at) >= WARN_EVERY);
-        if warn {
+        let warn = match self.warned_at {
+            None => Warn::First,
+            Some(at) if now.saturating_since(at) >= WARN_EVERY => Warn::Again,
+            Some(_) => Warn::Quietly,
+        };
+        if warn != Warn::Quietly {
             self.warned_at = Some(now);
         }
         Next::Retry {

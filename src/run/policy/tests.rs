@@ -255,14 +255,21 @@ fn failures_are_warned_about_once_then_at_most_once_a_minute() {
         match p.on_reply(unavailable(), at(now)) {
             Next::Retry { warn, attempts, .. } => {
                 assert_eq!(attempts, i as u32 + 1);
-                if warn {
-                    warned.push(now);
+                if warn != Warn::Quietly {
+                    warned.push((now, warn));
                 }
             }
             other => panic!("{other:?}"),
         }
     }
-    assert_eq!(warned, [1000, 61_000, 121_000]);
+    assert_eq!(
+        warned,
+        [
+            (1000, Warn::First),
+            (61_000, Warn::Again),
+            (121_000, Warn::Again)
+        ]
+    );
 }
 
 #[test]
