@@ -114,6 +114,10 @@ events! {
     Subreaper => "subreaper",
     /// A signal could not be sent to the command's group.
     SignalFailed => "signal_failed",
+    /// A signal ignored when lockrun started stays ignored: not forwarded.
+    SignalIgnored => "signal_ignored",
+    /// The password file can be read by group or others.
+    PasswordFileMode => "password_file_mode",
 }
 
 /// The logger's settings.
@@ -264,6 +268,8 @@ mod tests {
                 "metrics_failed",
                 "subreaper",
                 "signal_failed",
+                "signal_ignored",
+                "password_file_mode",
             ]
         );
     }

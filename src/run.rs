@@ -1,11 +1,12 @@
 //! `lockrun run`: acquire, spawn, supervise, release. The thin async driver around
 //! two pure machines: the acquire policy (`run/policy.rs`), fed the answers to acquire
 //! attempts, and the lease machine [`crate::lease`], fed timer ticks, renewal replies
-//! and the command's exit; the driver carries out what they decide. Every
-//! backend call is bounded by a timeout shorter than the lease left, so a hung server
+//! and the command's exit; the driver carries out what they decide. The command gets
+//! lockrun's environment less the credentials (`run/child_env.rs`). Every backend call is bounded by a timeout shorter than the lease left, so a hung server
 //! can never hold back a kill.
 
 mod acquire;
+mod child_env;
 mod policy;
 mod supervise;
 
@@ -63,6 +64,12 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
         Ok(s) => s,
         Err(e) => return report(fail(&format!("cannot install signal handlers: {e}"))),
     };
+    for sig in signals.ignored() {
+        let msg =
+            format!("{sig} was ignored when lockrun started: it stays ignored, not forwarded");
+        let fields = [("signal", sig.as_str().into())];
+        emit(Level::Info, Event::SignalIgnored, &msg, &fields);
+    }
     if let Err(e) = crate::supervisor::become_subreaper() {
         let msg =
             format!("cannot become a child subreaper ({e}): orphans of the command may escape");
@@ -73,10 +80,10 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
         Err(outcome) => return report(outcome),
     };
     log_acquired(cfg, &taken);
-    let env = [
+    let env = child_env::changes(vec![
         ("LOCKRUN_FENCING_TOKEN", taken.fencing_token.to_string()),
         ("LOCKRUN_LOCK_NAME", cfg.name.as_str().to_owned()),
-    ];
+    ]);
     // The lease timer exists before the command does: without it the lease could
     // not be enforced, so a failure here means not starting at all.
     let timer = match Timer::new() {

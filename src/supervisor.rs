@@ -13,6 +13,11 @@
 //! subreaper, lockrun reaps every orphan, and the leader's own status is recognised
 //! by its pid. Nothing else in lockrun may wait for children. ESRCH from a signal
 //! means the target is already gone and is not an error.
+//!
+//! A forwarded signal that was ignored when lockrun started (`nohup` ignores SIGHUP,
+//! `trap '' INT` SIGINT) gets no handler: lockrun neither forwards it nor dies of it,
+//! and since exec keeps an ignored disposition (only handled signals are reset), the
+//! command inherits it ignored too, as it would without lockrun in between.
 
 use std::ffi::OsString;
 use std::io;
@@ -43,6 +48,15 @@ pub enum SpawnError {
     CannotExecute(io::Error),
 }
 
+/// A change lockrun makes to its own environment for the command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EnvChange {
+    /// Set this variable to this value.
+    Set(&'static str, String),
+    /// Leave this variable out.
+    Remove(&'static str),
+}
+
 /// Makes lockrun the reaper of its orphaned descendants (`PR_SET_CHILD_SUBREAPER`).
 pub fn become_subreaper() -> nix::Result<()> {
     nix::sys::prctl::set_child_subreaper(true)
@@ -55,16 +69,19 @@ pub struct Group {
 }
 
 impl Group {
-    /// Starts `argv` in a new process group with `env` added to lockrun's environment,
-    /// stdio inherited, and SIGKILL as its parent-death signal.
-    pub fn spawn(argv: &[OsString], env: &[(&str, String)]) -> Result<Group, SpawnError> {
+    /// Starts `argv` in a new process group with lockrun's environment changed by
+    /// `env`, stdio inherited, and SIGKILL as its parent-death signal.
+    pub fn spawn(argv: &[OsString], env: &[EnvChange]) -> Result<Group, SpawnError> {
         let (program, args) = argv.split_first().ok_or_else(|| {
             SpawnError::NotFound(io::Error::new(io::ErrorKind::NotFound, "empty command"))
         })?;
         let mut cmd = Command::new(program);
         cmd.args(args).process_group(0);
-        for (k, v) in env {
-            cmd.env(k, v);
+        for change in env {
+            match change {
+                EnvChange::Set(k, v) => cmd.env(k, v),
+                EnvChange::Remove(k) => cmd.env_remove(k),
+            };
         }
         set_death_signal(&mut cmd, getpid());
         match cmd.spawn() {
@@ -156,6 +173,7 @@ pub enum Received {
 pub struct Signals {
     forward: Vec<(Signal, SignalStream)>,
     child: SignalStream,
+    ignored: Vec<Signal>,
 }
 
 /// The signals forwarded to the command's group.
@@ -169,16 +187,28 @@ pub const FORWARDED: [Signal; 6] = [
 ];
 
 impl Signals {
-    /// Installs the handlers.
+    /// Installs the handlers: one for SIGCHLD, and one for each of [`FORWARDED`]
+    /// except those ignored when lockrun started, which stay ignored.
     pub fn install() -> io::Result<Signals> {
         let mut forward = Vec::with_capacity(FORWARDED.len());
+        let mut ignored = Vec::new();
         for sig in FORWARDED {
-            forward.push((sig, signal(SignalKind::from_raw(sig as i32))?));
+            if is_ignored(sig) {
+                ignored.push(sig);
+            } else {
+                forward.push((sig, signal(SignalKind::from_raw(sig as i32))?));
+            }
         }
         Ok(Signals {
             forward,
             child: signal(SignalKind::child())?,
+            ignored,
         })
+    }
+
+    /// The forwarded signals that were ignored when lockrun started (and stay so).
+    pub fn ignored(&self) -> &[Signal] {
+        &self.ignored
     }
 
     /// Waits for the next signal.
@@ -206,5 +236,19 @@ impl Signals {
                 return sig;
             }
         }
+    }
+}
+
+/// True if `sig`'s disposition is "ignore" (`SIG_IGN`), as inherited from the caller.
+#[allow(unsafe_code)]
+fn is_ignored(sig: Signal) -> bool {
+    use nix::libc;
+    let mut current = std::mem::MaybeUninit::<libc::sigaction>::zeroed();
+    // SAFETY: with a null new action, sigaction(2) changes nothing and only writes the
+    // current action into `current`, which is valid for writes; it is read only after
+    // that call succeeded (and it was zeroed before, so it is initialised either way).
+    unsafe {
+        libc::sigaction(sig as libc::c_int, std::ptr::null(), current.as_mut_ptr()) == 0
+            && current.assume_init().sa_sigaction == libc::SIG_IGN
     }
 }

@@ -1,7 +1,11 @@
 //! The backend part of the configuration: the `--url`s checked by the parser of their
 //! scheme (through [`crate::backend::KINDS`]), with the password applied and TLS files
-//! read. Errors never echo a URL or a password. Part of [`crate::config`].
+//! read. Errors never echo a URL or a password. Part of [`crate::config`]; logs (one
+//! warning about a password file others may read) through [`crate::log`].
 
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -54,16 +58,64 @@ fn password(
     }
 }
 
+/// The most of a password file that is read. A password is short; a device or a huge
+/// file (a wrong path) must not be read whole.
+const PASSWORD_FILE_MAX: usize = 4096;
+
+/// The first line of the password file, which must be a regular-sized text file with a
+/// non-empty first line. A file that others may read still works (as with ssh's and
+/// libpq's files), with a warning.
 fn read_password_file(path: &Path) -> Result<String, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::PasswordFile {
+    let refused = |reason: String| ConfigError::PasswordFile {
         path: path.display().to_string(),
-        reason: e.kind().to_string(),
-    })?;
-    Ok(text.lines().next().unwrap_or("").to_owned())
+        reason,
+    };
+    let file = File::open(path).map_err(|e| refused(e.kind().to_string()))?;
+    let mut bytes = Vec::new();
+    (&file)
+        .take(PASSWORD_FILE_MAX as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| refused(e.kind().to_string()))?;
+    if bytes.len() > PASSWORD_FILE_MAX {
+        return Err(refused(
+            "it holds more than 4 KiB: put only the password in it, on its first line".into(),
+        ));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| refused("it is not UTF-8 text".into()))?;
+    let password = text.lines().next().unwrap_or("");
+    if password.is_empty() {
+        return Err(refused("its first line, the password, is empty".into()));
+    }
+    // The mode of the file opened (not of the path, which may change meanwhile).
+    if let Ok(meta) = file.metadata() {
+        warn_if_shared(path, meta.mode());
+    }
+    Ok(password.to_owned())
+}
+
+/// One warning line if group or others may read the password file.
+fn warn_if_shared(path: &Path, mode: u32) {
+    if mode & 0o044 == 0 {
+        return;
+    }
+    let msg = format!(
+        "the password file {} can be read by group or others (mode {:04o}): restrict it \
+         to its owner (chmod 600; in Kubernetes, defaultMode: 0400)",
+        path.display(),
+        mode & 0o7777
+    );
+    crate::log::emit(
+        crate::log::Level::Warn,
+        crate::log::Event::PasswordFileMode,
+        &msg,
+        &[],
+    );
 }
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
     use crate::backend::table::testing::args;
 
@@ -104,6 +156,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pw");
         std::fs::write(&path, "filepw\nsecond line\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         let mut a = args(&["etcd://root@h:1"]);
         a.password_file = Some(path);
         assert_eq!(
@@ -127,5 +180,29 @@ mod tests {
             BackendConfig::from_args(&a, None),
             Err(ConfigError::PasswordFile { .. })
         ));
+    }
+
+    #[test]
+    fn a_password_file_is_read_up_to_4_kib_and_its_first_line_must_not_be_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pw");
+        let read = |bytes: &[u8]| {
+            std::fs::write(&path, bytes).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            read_password_file(&path).map_err(|e| e.to_string())
+        };
+        assert_eq!(read(b"pw").as_deref(), Ok("pw"));
+        assert_eq!(read(b"pw\r\nrest").as_deref(), Ok("pw"));
+        let mut full = b"pw\n".to_vec();
+        full.resize(PASSWORD_FILE_MAX, b'#');
+        assert_eq!(read(&full).as_deref(), Ok("pw"));
+        full.push(b'#');
+        assert!(read(&full).unwrap_err().contains("more than 4 KiB"));
+        for empty in [&b""[..], b"\n", b"\r\n", b"\nsecond\n"] {
+            assert!(read(empty).unwrap_err().contains("is empty"), "{empty:?}");
+        }
+        assert!(read(b"\xff\xfe").unwrap_err().contains("UTF-8"));
+        let e = read_password_file(Path::new("/dev/zero")).unwrap_err();
+        assert!(e.to_string().contains("more than 4 KiB"), "{e}");
     }
 }

@@ -6,9 +6,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use super::policy::{Next, Policy, Random, Reply, Taken, Terms};
+use super::policy::{Next, Policy, Random, Reply, Taken, Terms, Warn};
 use super::{fail, millis, ms, request_timeout};
-use crate::backend::{Acquire, AcquireRequest, Backend, Holder, Release};
+use crate::backend::{Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::clock::BootInstant;
 use crate::config::RunConfig;
 use crate::holder::Known;
@@ -63,20 +63,23 @@ async fn acquire_with<B: Backend>(
                 after,
                 abandon: old,
                 error,
+                warn,
+                attempts,
             } => {
                 abandon(cfg, backend, &old).await;
-                let msg = format!("{error}; retrying");
-                emit(Level::Warn, Event::AcquireFailed, &msg, &[]);
+                log_retry(&error, warn, attempts, after);
                 tokio::time::sleep(after).await;
             }
             Next::Fail {
                 error,
                 abandon: old,
+                attempts,
+                tried_for,
             } => {
                 if let Some(old) = old {
                     abandon(cfg, backend, &old).await;
                 }
-                return Err(fail(&format!("{error}; the command was not started")));
+                return Err(gave_up(&error, attempts, tried_for));
             }
         }
     }
@@ -156,6 +159,44 @@ pub(super) async fn abandon<B: Backend>(cfg: &RunConfig, backend: &B, token: &st
         let _ = backend.release(name, token, Release::Now).await;
     };
     let _ = tokio::time::timeout(request_timeout(cfg.ttl), cleanup).await;
+}
+
+/// A failed attempt that is retried: a warning if the policy says so, else a debug line.
+fn log_retry(error: &BackendError, warn: Warn, attempts: u32, after: Duration) {
+    let fields = [("attempts", attempts.into()), ("retry_ms", millis(after))];
+    let (level, msg) = match warn {
+        Warn::Quietly => (Level::Debug, format!("{error}; retrying in {}", ms(after))),
+        Warn::First => (
+            Level::Warn,
+            format!(
+                "{error}; retrying with backoff until --wait runs out (this warning comes \
+                 at most once a minute)"
+            ),
+        ),
+        Warn::Again => (
+            Level::Warn,
+            format!("{error}; still retrying ({attempts} attempts so far)"),
+        ),
+    };
+    emit(level, Event::AcquireFailed, &msg, &fields);
+}
+
+/// Gives up before the command started, with how many attempts were made over how long
+/// when there were several.
+fn gave_up(error: &BackendError, attempts: u32, tried_for: Duration) -> Outcome {
+    if attempts <= 1 {
+        return fail(&format!("{error}; the command was not started"));
+    }
+    let msg = format!(
+        "{error}; gave up after {attempts} attempts over {}; the command was not started",
+        ms(tried_for)
+    );
+    let fields = [
+        ("attempts", attempts.into()),
+        ("wait_ms", millis(tried_for)),
+    ];
+    emit(Level::Error, Event::Error, &msg, &fields);
+    Outcome::Failed
 }
 
 fn busy(cfg: &RunConfig, holder: &Holder, waited: Duration) -> Outcome {

@@ -18,8 +18,13 @@
 //!   token that arrives late (it may be stuck in the network too) then cannot remove the
 //!   lock a later attempt takes. The soak test found the bug this rule closes.
 //! - A busy lock is waited for until `--wait` runs out, then given up with its holder.
-//! - A permanent error fails at once; a transient one is retried after 100 to 500 ms of
-//!   jitter, unless the retry would come at or after the give-up time.
+//! - A permanent error fails at once. A transient one is retried with capped exponential
+//!   backoff and full jitter (the n-th failure in a row waits a random time from 0 to
+//!   min(5 s, 100 ms × 2ⁿ⁻¹)), so that a backend that is down is not hammered and the
+//!   hosts waiting for it do not all come back at once; the last retry comes when
+//!   `--wait` runs out, and a failure then gives up. Only the first failure and then at
+//!   most one a minute are warned about (a cron mail is not a log of every attempt);
+//!   giving up says how many attempts were made over how long.
 
 use std::time::Duration;
 
@@ -28,12 +33,15 @@ use crate::backend::{AcquireRequest, BackendError, Holder};
 use crate::clock::BootInstant;
 use crate::lease::Params;
 
-/// The shortest pause before a retry after a transient error.
-const RETRY_MIN: Duration = Duration::from_millis(100);
+/// The longest pause before the first retry after a transient error; each further
+/// failure in a row doubles it, up to [`RETRY_CAP`].
+const RETRY_BASE: Duration = Duration::from_millis(100);
 
-/// The width of the random part of that pause, in milliseconds: retries come 100 to
-/// 499 ms after a failure, so that lockruns failing together do not retry together.
-const RETRY_SPREAD_MS: u64 = 400;
+/// The longest pause between two attempts, however many failed.
+const RETRY_CAP: Duration = Duration::from_secs(5);
+
+/// After the first warning about failed attempts, at most one this often.
+const WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// Where the policy's randomness comes from: the OS in a run, fixed values in tests.
 #[derive(Clone, Copy, Debug)]
@@ -116,8 +124,8 @@ pub(crate) enum Next {
         /// How long lockrun tried.
         waited: Duration,
     },
-    /// A transient failure: give `abandon` back, warn, sleep `after`, try again (with
-    /// the new token [`Policy::request`] now carries).
+    /// A transient failure: give `abandon` back, log (a warning if `warn`), sleep
+    /// `after`, try again (with the new token [`Policy::request`] now carries).
     Retry {
         /// The pause before the next attempt.
         after: Duration,
@@ -125,6 +133,10 @@ pub(crate) enum Next {
         abandon: String,
         /// What went wrong.
         error: BackendError,
+        /// Whether to warn about it, rather than log it at debug level.
+        warn: Warn,
+        /// The attempts made so far, this one included.
+        attempts: u32,
     },
     /// Give up: the command is not started.
     Fail {
@@ -132,7 +144,23 @@ pub(crate) enum Next {
         error: BackendError,
         /// The token of an attempt that may have been applied unseen, to give back.
         abandon: Option<String>,
+        /// The attempts made, this one included.
+        attempts: u32,
+        /// From the start to this answer.
+        tried_for: Duration,
     },
+}
+
+/// Whether a failed attempt is warned about: the first one and then at most one a
+/// minute are; the others are logged at debug level only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Warn {
+    /// Not warned about.
+    Quietly,
+    /// The first warning of this run.
+    First,
+    /// A reminder, a minute or more after the last warning.
+    Again,
 }
 
 /// The acquire policy of one run.
@@ -143,6 +171,12 @@ pub(crate) struct Policy {
     random: Random,
     started_at: BootInstant,
     give_up_at: BootInstant,
+    /// Attempts answered so far.
+    attempts: u32,
+    /// Transient failures in a row (the backoff's exponent).
+    failures: u32,
+    /// When a failure was last warned about.
+    warned_at: Option<BootInstant>,
 }
 
 impl Policy {
@@ -160,6 +194,9 @@ impl Policy {
             request,
             random,
             started_at,
+            attempts: 0,
+            failures: 0,
+            warned_at: None,
         }
     }
 
@@ -170,6 +207,11 @@ impl Policy {
 
     /// Decides what follows `reply`, read at `now`.
     pub fn on_reply(&mut self, reply: Reply, now: BootInstant) -> Next {
+        self.attempts = self.attempts.saturating_add(1);
+        if matches!(reply, Reply::Acquired { .. } | Reply::Busy(_)) {
+            // The backend answered: the backoff starts over after the next failure.
+            self.failures = 0;
+        }
         match reply {
             Reply::Acquired {
                 fencing_token,
@@ -211,29 +253,59 @@ impl Policy {
     }
 
     /// A failed attempt: permanent errors end it; after a transient one the token is
-    /// rotated (the attempt may have been applied unseen) and a retry follows if it
-    /// comes before the give-up time.
+    /// rotated (the attempt may have been applied unseen) and a retry follows after the
+    /// backoff, at the give-up time at the latest; a failure at or after it gives up.
     fn failed(&mut self, error: BackendError, now: BootInstant) -> Next {
+        let tried_for = now.saturating_since(self.started_at);
         if !error.is_transient() {
             return Next::Fail {
                 error,
                 abandon: None,
+                attempts: self.attempts,
+                tried_for,
             };
         }
         let abandon = std::mem::replace(&mut self.request.token, (self.random.token)());
-        let after = RETRY_MIN + Duration::from_millis((self.random.number)() % RETRY_SPREAD_MS);
-        if now + after >= self.give_up_at {
+        if now >= self.give_up_at {
             return Next::Fail {
                 error,
                 abandon: Some(abandon),
+                attempts: self.attempts,
+                tried_for,
             };
+        }
+        self.failures = self.failures.saturating_add(1);
+        let after = self.backoff().min(self.give_up_at.saturating_since(now));
+        let warn = match self.warned_at {
+            None => Warn::First,
+            Some(at) if now.saturating_since(at) >= WARN_EVERY => Warn::Again,
+            Some(_) => Warn::Quietly,
+        };
+        if warn != Warn::Quietly {
+            self.warned_at = Some(now);
         }
         Next::Retry {
             after,
             abandon,
             error,
+            warn,
+            attempts: self.attempts,
         }
     }
+
+    /// Full jitter: a random pause from 0 to the [`retry_ceiling`] of the failures in
+    /// a row, in whole milliseconds.
+    fn backoff(&self) -> Duration {
+        let ceiling_ms = retry_ceiling(self.failures).as_millis() as u64;
+        Duration::from_millis((self.random.number)() % (ceiling_ms + 1))
+    }
+}
+
+/// The longest pause after the n-th transient failure in a row: [`RETRY_BASE`] × 2ⁿ⁻¹,
+/// at most [`RETRY_CAP`].
+fn retry_ceiling(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    RETRY_BASE.saturating_mul(1 << doublings).min(RETRY_CAP)
 }
 
 #[cfg(test)]

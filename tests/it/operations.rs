@@ -323,3 +323,50 @@ fn text_logs_stay_on_their_own_lines_beside_the_command_output() {
         "stdout is the command's alone"
     );
 }
+
+/// SPEC "Operations": an unreachable backend is retried with capped exponential backoff
+/// and full jitter for the whole `--wait`, warned about once (then at most once a
+/// minute), and given up with one summary line: not a "retrying" line every few
+/// hundred milliseconds.
+#[test]
+fn an_unreachable_backend_is_retried_with_backoff_and_one_warning() {
+    let url = format!("redis://127.0.0.1:{}", closed_port());
+    let s = Scratch::new();
+    let opts = ["--wait", "6s", "-vv", "--log-format", "json"];
+    let mut cmd = lockrun_run(&url, "job", &opts, &sh(r#"touch "$MARK""#));
+    cmd.env("MARK", s.path("marker"));
+    let f = run(cmd);
+    f.assert_code(125);
+    assert!(!s.exists("marker"), "the command ran without the lock");
+    let lines = json_lines(&f.stderr);
+    let failed = |v: &&Value| v["event"] == "acquire_failed";
+    // Every failed attempt but the last is one acquire_failed line (debug when not warned).
+    let attempts = lines.iter().filter(failed).count() + 1;
+    // With jitter of 100 to 500 ms there would be about 20; with backoff about 8.
+    assert!(
+        (3..=14).contains(&attempts),
+        "{attempts} attempts in 6s:\n{}",
+        f.stderr
+    );
+    let shown: Vec<&Value> = lines
+        .iter()
+        .filter(|v| v["level"] == "warn" || v["level"] == "error")
+        .collect();
+    assert!(
+        shown.len() <= 3 && shown.iter().filter(|v| v["level"] == "warn").count() <= 2,
+        "more than two warnings and the final line at the default level:\n{shown:#?}"
+    );
+    let last = shown.last().expect("a final line");
+    assert_eq!(last["level"], "error");
+    let msg = last["msg"].as_str().unwrap();
+    assert!(
+        msg.contains(&format!("{attempts} attempts")) && msg.contains("refused"),
+        "the final line says how many attempts and the last error: {msg}"
+    );
+    assert!(
+        f.elapsed >= std::time::Duration::from_millis(5500)
+            && f.elapsed < std::time::Duration::from_secs(10),
+        "gave up after {:?}, not when --wait 6s ran out",
+        f.elapsed
+    );
+}

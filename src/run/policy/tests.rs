@@ -1,6 +1,6 @@
 //! Unit tests of the acquire policy: every kind of answer, at every side of the two
-//! time limits (the late-answer cut-off and the give-up time), and the token rotation
-//! after an ambiguous attempt.
+//! time limits (the late-answer cut-off and the give-up time), the token rotation
+//! after an ambiguous attempt, and the backoff and warnings after failures.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -18,7 +18,7 @@ pub(in crate::run) fn counted_token() -> String {
     format!("token-{}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-/// Jitter of 150 ms: retries 250 ms after a failure.
+/// A random number of 150: the first retry 49 ms after a failure (150 mod 101).
 const FIXED: Random = Random {
     token: counted_token,
     number: || 150,
@@ -94,8 +94,9 @@ fn an_answer_after_the_deadline_less_the_grace_is_not_taken() {
             after,
             abandon,
             error: BackendError::Unavailable(why),
+            ..
         } => {
-            assert_eq!(after, 250 * MS);
+            assert_eq!(after, 49 * MS, "150 ms of jitter modulo 101 ms");
             assert_eq!(abandon, old, "the late lease is given back");
             assert!(why.contains("answered too slowly"), "{why}");
         }
@@ -153,7 +154,9 @@ fn permanent_errors_fail_at_once_and_keep_the_token() {
             next,
             Next::Fail {
                 error,
-                abandon: None
+                abandon: None,
+                attempts: 1,
+                tried_for: MS,
             }
         );
         assert_eq!(p.request().token, token);
@@ -161,19 +164,27 @@ fn permanent_errors_fail_at_once_and_keep_the_token() {
 }
 
 #[test]
-fn a_retry_that_would_come_at_or_after_the_give_up_time_fails_instead() {
-    // Give up at 11000 ms; a retry comes 250 ms after the failure.
+fn the_last_retry_comes_when_wait_runs_out_and_a_failure_then_gives_up() {
+    // Give up at 11000 ms; after many failures the backoff may draw up to 5 s.
     let mut p = policy();
-    assert!(matches!(
-        p.on_reply(unavailable(), at(10_749)),
-        Next::Retry { .. }
-    ));
+    p.random.number = || 4999;
+    p.failures = 10;
+    match p.on_reply(unavailable(), at(10_900)) {
+        Next::Retry { after, .. } => assert_eq!(after, 100 * MS, "cut to the give-up time"),
+        other => panic!("{other:?}"),
+    }
     let old = p.request().token.clone();
-    match p.on_reply(unavailable(), at(10_750)) {
+    match p.on_reply(unavailable(), at(11_000)) {
         Next::Fail {
-            error: BackendError::Unavailable(_),
+            error: BackendError::Unavailable(why),
             abandon: Some(abandon),
-        } => assert_eq!(abandon, old, "the ambiguous attempt is still given back"),
+            attempts: 2,
+            tried_for,
+        } => {
+            assert_eq!(abandon, old, "the ambiguous attempt is still given back");
+            assert_eq!(why, "connection refused", "the last error is reported");
+            assert_eq!(tried_for, 10_000 * MS);
+        }
         other => panic!("{other:?}"),
     }
 }
@@ -185,27 +196,79 @@ fn without_wait_a_transient_failure_fails() {
         p.on_reply(Reply::TimedOut, at(1000)),
         Next::Fail {
             abandon: Some(_),
+            attempts: 1,
             ..
         }
     ));
 }
 
 #[test]
-fn retry_jitter_is_100_to_499_ms() {
-    fn retry_after(number: fn() -> u64) -> Duration {
-        let mut p = policy();
+fn the_backoff_ceiling_doubles_from_100_ms_to_at_most_5_s() {
+    let ceilings: Vec<u128> = (1..=8).map(|n| retry_ceiling(n).as_millis()).collect();
+    assert_eq!(ceilings, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+    assert_eq!(retry_ceiling(0), 100 * MS);
+    assert_eq!(retry_ceiling(u32::MAX), RETRY_CAP);
+}
+
+#[test]
+fn the_pause_is_full_jitter_from_0_to_the_ceiling() {
+    fn retry_after(number: fn() -> u64, failures_before: u32) -> Duration {
+        let mut p = policy_waiting(1000 * 1000 * MS);
         p.random.number = number;
+        p.failures = failures_before;
         match p.on_reply(unavailable(), at(1000)) {
             Next::Retry { after, .. } => after,
             other => panic!("{other:?}"),
         }
     }
-    assert_eq!(retry_after(|| 0), 100 * MS);
-    assert_eq!(retry_after(|| 399), 499 * MS);
-    assert_eq!(retry_after(|| 400), 100 * MS);
+    assert_eq!(retry_after(|| 0, 0), Duration::ZERO);
+    assert_eq!(retry_after(|| 100, 0), 100 * MS);
+    assert_eq!(retry_after(|| 101, 0), Duration::ZERO);
+    assert_eq!(retry_after(|| 200, 1), 200 * MS, "the second failure");
+    assert_eq!(retry_after(|| 5000, 20), 5000 * MS);
     assert_eq!(
-        retry_after(|| u64::MAX),
-        Duration::from_millis(100 + u64::MAX % 400)
+        retry_after(|| u64::MAX, 20),
+        Duration::from_millis(u64::MAX % 5001)
+    );
+}
+
+#[test]
+fn an_answer_from_the_backend_starts_the_backoff_over() {
+    let mut p = policy();
+    p.on_reply(unavailable(), at(1000));
+    p.on_reply(Reply::TimedOut, at(2000));
+    assert_eq!(p.failures, 2);
+    p.on_reply(Reply::Busy(holder()), at(3000));
+    assert_eq!(p.failures, 0);
+    p.on_reply(unavailable(), at(4000));
+    assert_eq!(p.failures, 1);
+}
+
+#[test]
+fn failures_are_warned_about_once_then_at_most_once_a_minute() {
+    let mut p = policy_waiting(1000 * 1000 * MS);
+    let mut warned = Vec::new();
+    for (i, now) in [1000, 2000, 60_999, 61_000, 61_500, 121_000, 125_000]
+        .into_iter()
+        .enumerate()
+    {
+        match p.on_reply(unavailable(), at(now)) {
+            Next::Retry { warn, attempts, .. } => {
+                assert_eq!(attempts, i as u32 + 1);
+                if warn != Warn::Quietly {
+                    warned.push((now, warn));
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(
+        warned,
+        [
+            (1000, Warn::First),
+            (61_000, Warn::Again),
+            (121_000, Warn::Again)
+        ]
     );
 }
 

@@ -1,9 +1,10 @@
 //! The supervised command: signals sent to lockrun reach it (here), its whole process
 //! group is stopped before the lock is released (`group`), it dies with lockrun,
 //! `--max-runtime` and `--hold-at-least`, inherited stdio, and lockrun as PID 1
-//! (`lifetime`).
+//! (`lifetime`), and signals ignored when lockrun starts stay ignored (`ignored`).
 
 mod group;
+mod ignored;
 mod lifetime;
 
 use std::thread;
