@@ -8,6 +8,8 @@
 //! - `redlock`, `sentinel`, `postgres`, `etcd`, `auth`, `tls`: what only one backend has;
 //! - `metrics`, `operations`: the metrics file and the logs;
 //! - `docs`: the README, man page and examples agree with the code;
+//! - `fuzz`: random command lines, URLs and durations: no panic, documented statuses,
+//!   one-line refusals;
 //! - `soak`: the nemesis soak and its history checker.
 
 mod auth;
@@ -18,6 +20,7 @@ mod docs;
 mod etcd;
 mod exit_status;
 mod fencing;
+mod fuzz;
 mod lease;
 mod metrics;
 mod operations;
