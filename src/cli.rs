@@ -1,6 +1,9 @@
 //! The command line as the user typed it (clap derive). Doc comments here are the
-//! `--help` text. Nothing here is checked beyond syntax: [`crate::config`] turns these
-//! structs into a checked configuration. Depends on [`crate::log`] for the format enum.
+//! `--help` text. Nothing here is checked beyond syntax, except that every duration is
+//! within its range ([`crate::config::bounds`]; checked here so that values from the
+//! environment are checked as they are read): [`crate::config`] turns these structs
+//! into a checked configuration. Depends on [`crate::log`] for the format enum and
+//! [`crate::config::bounds`].
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -8,6 +11,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::config::bounds;
 use crate::log::Format;
 
 /// Run a command under a named distributed lock.
@@ -112,16 +116,16 @@ pub struct RunArgs {
     #[command(flatten)]
     pub log: LogArgs,
 
-    /// Lease length (humantime: 500ms, 30s, 5m, "1h 30m").
-    #[arg(long, env = "LOCKRUN_TTL", default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    /// Lease length (humantime: 500ms, 30s, 5m, "1h 30m"), from 100ms to 24h.
+    #[arg(long, env = "LOCKRUN_TTL", default_value = "30s", value_parser = |s: &str| bounds::TTL.parse(s), value_name = "DURATION")]
     pub ttl: Duration,
 
-    /// Renewal period; must be shorter than the TTL [default: TTL/3].
-    #[arg(long, env = "LOCKRUN_RENEW_EVERY", value_parser = parse_duration, value_name = "DURATION")]
+    /// Renewal period, at least 10ms and shorter than the TTL [default: TTL/3].
+    #[arg(long, env = "LOCKRUN_RENEW_EVERY", value_parser = |s: &str| bounds::RENEW_EVERY.parse(s), value_name = "DURATION")]
     pub renew_every: Option<Duration>,
 
-    /// How long to wait for a busy lock (0: do not wait).
-    #[arg(long, env = "LOCKRUN_WAIT", default_value = "0", value_parser = parse_duration, value_name = "DURATION")]
+    /// How long to wait for a busy lock (0: do not wait), at most 365d.
+    #[arg(long, env = "LOCKRUN_WAIT", default_value = "0", value_parser = |s: &str| bounds::WAIT.parse(s), value_name = "DURATION")]
     pub wait: Duration,
 
     /// Exit status when the lock was not acquired.
@@ -130,12 +134,14 @@ pub struct RunArgs {
 
     /// Keep the lock until this long after acquisition even if the command ends
     /// sooner (without keeping a process alive), so hosts with skewed clocks do not
-    /// run the same cron tick again.
-    #[arg(long, env = "LOCKRUN_HOLD_AT_LEAST", default_value = "0", value_parser = parse_duration, value_name = "DURATION")]
+    /// run the same cron tick again. At most 24h (it is stored as the lock's expiry).
+    #[arg(long, env = "LOCKRUN_HOLD_AT_LEAST", default_value = "0", value_parser = |s: &str| bounds::HOLD_AT_LEAST.parse(s), value_name = "DURATION")]
     pub hold_at_least: Duration,
 
     /// First signal sent to the process group when the lock is lost (TERM, INT, HUP,
-    /// QUIT, USR1, USR2, KILL, or a number; SIG prefix optional).
+    /// QUIT, USR1, USR2, KILL, or a number; SIG prefix optional). Signals that only
+    /// stop or continue a process or are ignored by default (STOP, TSTP, TTIN, TTOU,
+    /// CONT, CHLD, WINCH, URG) are refused.
     #[arg(
         long,
         env = "LOCKRUN_KILL_SIGNAL",
@@ -145,13 +151,13 @@ pub struct RunArgs {
     pub kill_signal: String,
 
     /// Escalate to SIGKILL this long after the kill signal, or at the lease deadline,
-    /// whichever comes first.
-    #[arg(long, env = "LOCKRUN_KILL_AFTER", default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    /// whichever comes first. At most 24h.
+    #[arg(long, env = "LOCKRUN_KILL_AFTER", default_value = "10s", value_parser = |s: &str| bounds::KILL_AFTER.parse(s), value_name = "DURATION")]
     pub kill_after: Duration,
 
     /// Stop the command (kill signal, then SIGKILL after --kill-after) once it has
-    /// run this long.
-    #[arg(long, env = "LOCKRUN_MAX_RUNTIME", value_parser = parse_duration, value_name = "DURATION")]
+    /// run this long (0: no limit), at most 365d.
+    #[arg(long, env = "LOCKRUN_MAX_RUNTIME", value_parser = |s: &str| bounds::MAX_RUNTIME.parse(s), value_name = "DURATION")]
     pub max_runtime: Option<Duration>,
 
     /// After every run (ran, busy, lost or failed), atomically replace this file with
@@ -205,12 +211,6 @@ pub struct ReleaseArgs {
 
     /// The lock's name.
     pub name: String,
-}
-
-/// Parses a humantime duration ("0" means zero).
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim())
-        .map_err(|e| format!("{e} (examples: 500ms, 30s, 5m, \"1h 30m\")"))
 }
 
 /// The subcommand names; anything else in first position means `run`.
@@ -289,9 +289,45 @@ mod tests {
 
     #[test]
     fn durations_use_humantime() {
-        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
-        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
-        assert!(parse_duration("5x").unwrap_err().contains("examples"));
+        let run = |extra: &[&str]| {
+            let mut argv = vec!["lockrun"];
+            argv.extend_from_slice(extra);
+            argv.extend_from_slice(&["job", "--", "true"]);
+            match parse(&argv).map(|c| c.command) {
+                Ok(Command::Run(run)) => Ok(run),
+                Ok(other) => panic!("{other:?}"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        let r = run(&["--ttl", "1h 30m", "--wait", "0"]).unwrap();
+        assert_eq!(r.ttl, Duration::from_secs(5400));
+        assert_eq!(r.wait, Duration::ZERO);
+        assert!(run(&["--ttl", "5x"]).unwrap_err().contains("examples"));
+    }
+
+    #[test]
+    fn every_duration_is_bounded_when_parsed_with_the_range_in_the_message() {
+        let refused = |option: &str, value: &str| {
+            let argv = ["lockrun", option, value, "job", "--", "true"];
+            let e = parse(&argv).expect_err(&format!("{option} {value} was accepted"));
+            e.to_string()
+        };
+        for (option, value, range) in [
+            ("--ttl", "99ms", "100ms to 24h"),
+            ("--ttl", "24h 1ms", "100ms to 24h"),
+            ("--ttl", "0", "100ms to 24h"),
+            ("--ttl", "292000000000y", "100ms to 24h"),
+            ("--renew-every", "1ns", "10ms to 24h"),
+            ("--wait", "500000000000y", "0 to 365d"),
+            ("--wait", "366d", "0 to 365d"),
+            ("--hold-at-least", "25h", "0 to 24h"),
+            ("--kill-after", "2d", "0 to 24h"),
+            ("--max-runtime", "500000000000y", "0 (no limit) to 365d"),
+        ] {
+            let text = refused(option, value);
+            assert!(text.contains(range), "{option} {value}: {text}");
+            assert!(text.contains(option), "{option} {value}: {text}");
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The checked configuration: what [`crate::cli`] parsed, validated and typed. The
 //! rest of the crate sees only these structs, in which every cross-option rule (renew
-//! shorter than the TTL, a valid lock name, a known URL scheme, a signal that exists)
-//! already holds. Errors say what to fix, in one line, and never echo a password or a
+//! shorter than the TTL, a valid lock name, a known URL scheme, a signal that ends a
+//! process, every duration within its [`bounds`]) already holds. Errors say what to fix, in one line, and never echo a password or a
 //! URL that may carry one.
 
 use std::ffi::OsString;
@@ -11,6 +11,7 @@ use nix::sys::signal::Signal;
 use thiserror::Error;
 
 mod backend;
+pub mod bounds;
 
 pub use backend::BackendConfig;
 
@@ -22,9 +23,14 @@ pub enum ConfigError {
     /// The lock name breaks the naming rule.
     #[error("invalid lock name {0:?}: use 1 to 200 bytes of A-Z a-z 0-9 . _ - : /")]
     BadName(String),
-    /// A duration that must be positive is zero.
-    #[error("--ttl must be longer than zero")]
-    ZeroTtl,
+    /// A duration outside its allowed range ([`bounds`]).
+    #[error("{option} must be from {range}")]
+    OutOfRange {
+        /// The option (`--ttl`).
+        option: &'static str,
+        /// The allowed range in words.
+        range: &'static str,
+    },
     /// Renewal would not happen before the lease expires.
     #[error("--renew-every ({renew}) must be shorter than --ttl ({ttl})")]
     RenewTooSlow {
@@ -33,15 +39,19 @@ pub enum ConfigError {
         /// The TTL as typed.
         ttl: String,
     },
-    /// The renewal period is zero.
-    #[error("--renew-every must be longer than zero")]
-    ZeroRenew,
     /// The kill signal is unknown.
-    #[error("unknown signal {0:?} for --kill-signal: use a name such as TERM, INT, HUP, QUIT, USR1, KILL, or a number")]
+    #[error("unknown signal {0:?} for --kill-signal: use {USABLE_SIGNALS}")]
     BadSignal(String),
+    /// The kill signal would not end the command: it only stops or continues a
+    /// process, or is ignored by default.
+    #[error("--kill-signal {0} would not end the command (it only stops or continues a process, or is ignored by default): use {USABLE_SIGNALS}")]
+    InertSignal(String),
     /// The URL's scheme is not a backend this build knows.
     #[error("unsupported backend URL scheme {0:?}: use {list}", list = crate::backend::scheme_list())]
     BadScheme(String),
+    /// A URL names port 0, which no server listens on (the URL is not shown).
+    #[error("the backend URL has port 0: give the server's port, 1 to 65535")]
+    PortZero,
     /// The URL could not be parsed (the URL itself is not shown: it may hold a password).
     #[error("the backend URL is not valid: expected {expected}")]
     BadUrl {
@@ -99,19 +109,44 @@ impl LockName {
     }
 }
 
-/// Parses a signal name (`TERM`, `SIGTERM`, `term`) or number (`15`).
+/// The kill signals to suggest in a refusal.
+const USABLE_SIGNALS: &str = "TERM, INT, HUP, QUIT, USR1, USR2, KILL, or another signal that ends a process (by name or number)";
+
+/// Signals whose default action is to stop or continue a process, or nothing at all:
+/// as a first kill signal they would leave the command running until SIGKILL, or
+/// stopped (and holding whatever it holds) until then.
+const INERT_SIGNALS: &[Signal] = &[
+    Signal::SIGSTOP,
+    Signal::SIGTSTP,
+    Signal::SIGTTIN,
+    Signal::SIGTTOU,
+    Signal::SIGCONT,
+    Signal::SIGCHLD,
+    Signal::SIGWINCH,
+    Signal::SIGURG,
+];
+
+/// Parses a signal name (`TERM`, `SIGTERM`, `term`) or number (`15`) into a signal
+/// whose default action ends a process.
 pub fn parse_signal(s: &str) -> Result<Signal, ConfigError> {
     let bad = || ConfigError::BadSignal(s.chars().take(32).collect());
-    if let Ok(n) = s.parse::<i32>() {
-        return Signal::try_from(n).map_err(|_| bad());
-    }
-    let upper = s.to_ascii_uppercase();
-    let name = if upper.starts_with("SIG") {
-        upper
-    } else {
-        format!("SIG{upper}")
+    let signal = match s.parse::<i32>() {
+        Ok(n) => Signal::try_from(n).map_err(|_| bad())?,
+        Err(_) => {
+            let upper = s.to_ascii_uppercase();
+            let name = if upper.starts_with("SIG") {
+                upper
+            } else {
+                format!("SIG{upper}")
+            };
+            name.parse::<Signal>().map_err(|_| bad())?
+        }
     };
-    name.parse::<Signal>().map_err(|_| bad())
+    if INERT_SIGNALS.contains(&signal) {
+        let name = signal.as_str().trim_start_matches("SIG");
+        return Err(ConfigError::InertSignal(name.to_owned()));
+    }
+    Ok(signal)
 }
 
 /// Everything `lockrun run` needs, checked.
@@ -148,30 +183,32 @@ impl RunConfig {
         env_password: Option<String>,
     ) -> Result<RunConfig, ConfigError> {
         let name = LockName::parse(&args.name)?;
-        if args.ttl.is_zero() {
-            return Err(ConfigError::ZeroTtl);
-        }
-        let renew_every = args.renew_every.unwrap_or(args.ttl / 3);
-        if renew_every.is_zero() {
-            return Err(ConfigError::ZeroRenew);
-        }
-        if renew_every >= args.ttl {
+        // clap's value parsers checked these already; checked again because a
+        // `RunArgs` can be built without them, and the rest of the crate relies on it.
+        let ttl = bounds::TTL.check(args.ttl)?;
+        // At least 33 ms: the TTL is at least 100 ms.
+        let renew_every = bounds::RENEW_EVERY.check(args.renew_every.unwrap_or(ttl / 3))?;
+        if renew_every >= ttl {
             return Err(ConfigError::RenewTooSlow {
                 renew: humantime::format_duration(renew_every).to_string(),
-                ttl: humantime::format_duration(args.ttl).to_string(),
+                ttl: humantime::format_duration(ttl).to_string(),
             });
         }
+        let max_runtime = match args.max_runtime {
+            Some(d) => Some(bounds::MAX_RUNTIME.check(d)?).filter(|d| !d.is_zero()),
+            None => None,
+        };
         Ok(RunConfig {
             name,
             backend: BackendConfig::from_args(&args.backend, env_password)?,
-            ttl: args.ttl,
+            ttl,
             renew_every,
-            wait: args.wait,
+            wait: bounds::WAIT.check(args.wait)?,
             conflict_exit_code: args.conflict_exit_code,
-            hold_at_least: args.hold_at_least,
+            hold_at_least: bounds::HOLD_AT_LEAST.check(args.hold_at_least)?,
             kill_signal: parse_signal(&args.kill_signal)?,
-            kill_after: args.kill_after,
-            max_runtime: args.max_runtime.filter(|d| !d.is_zero()),
+            kill_after: bounds::KILL_AFTER.check(args.kill_after)?,
+            max_runtime,
             command: args.command.clone(),
         })
     }
@@ -227,9 +264,38 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(e, ConfigError::RenewTooSlow { .. }), "{e}");
-        let e = RunConfig::from_args(&run_args(&["--ttl", "0", "job", "--", "true"]), None)
-            .unwrap_err();
-        assert_eq!(e, ConfigError::ZeroTtl);
+    }
+
+    #[test]
+    fn durations_out_of_range_are_refused_even_when_clap_did_not_check_them() {
+        const HUGE: Duration = Duration::from_secs(u64::MAX);
+        type Spoil = fn(&mut RunArgs);
+        let cases: [(&str, Spoil); 7] = [
+            ("--ttl", |a| a.ttl = Duration::ZERO),
+            ("--ttl", |a| a.ttl = HUGE),
+            ("--renew-every", |a| {
+                a.renew_every = Some(Duration::from_nanos(1))
+            }),
+            ("--wait", |a| a.wait = HUGE),
+            ("--hold-at-least", |a| a.hold_at_least = HUGE),
+            ("--kill-after", |a| a.kill_after = HUGE),
+            ("--max-runtime", |a| a.max_runtime = Some(HUGE)),
+        ];
+        for (option, spoil) in cases {
+            let mut args = run_args(&["job", "--", "true"]);
+            spoil(&mut args);
+            let e = RunConfig::from_args(&args, None).unwrap_err();
+            assert!(
+                matches!(e, ConfigError::OutOfRange { option: o, .. } if o == option),
+                "{option}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn max_runtime_zero_means_no_limit() {
+        let args = run_args(&["--max-runtime", "0", "job", "--", "true"]);
+        assert_eq!(RunConfig::from_args(&args, None).unwrap().max_runtime, None);
     }
 
     #[test]
@@ -239,5 +305,31 @@ mod tests {
         assert_eq!(parse_signal("9").unwrap(), Signal::SIGKILL);
         assert!(parse_signal("NOPE").is_err());
         assert!(parse_signal("999").is_err());
+        assert!(parse_signal("0").is_err());
+    }
+
+    #[test]
+    fn signals_that_do_not_end_a_process_are_refused() {
+        for inert in [
+            "STOP", "SIGTSTP", "ttin", "TTOU", "CONT", "CHLD", "WINCH", "URG", "19", "17",
+        ] {
+            let e = parse_signal(inert).unwrap_err();
+            assert!(matches!(e, ConfigError::InertSignal(_)), "{inert}: {e}");
+            let text = e.to_string();
+            assert!(text.contains("TERM") && text.contains("KILL"), "{text}");
+        }
+        assert_eq!(
+            parse_signal("stop")
+                .unwrap_err()
+                .to_string()
+                .split(' ')
+                .nth(1),
+            Some("STOP")
+        );
+        for usable in [
+            "TERM", "INT", "HUP", "QUIT", "USR1", "USR2", "KILL", "ALRM", "PIPE",
+        ] {
+            assert!(parse_signal(usable).is_ok(), "{usable}");
+        }
     }
 }

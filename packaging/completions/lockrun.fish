@@ -36,14 +36,14 @@ complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l key-prefix -d 'N
 complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l pg-table -d 'PostgreSQL only: the lease table (TABLE or SCHEMA.TABLE), created if missing' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l log-format -d 'Log format on stderr' -r -f -a "text\t'`lockrun: <message>`'
 json\t'One JSON object a line with `ts` (RFC 3339, microseconds), `level`, `event`, `lock`, `msg` and fields'"
-complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l ttl -d 'Lease length (humantime: 500ms, 30s, 5m, "1h 30m")' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l renew-every -d 'Renewal period; must be shorter than the TTL [default: TTL/3]' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l wait -d 'How long to wait for a busy lock (0: do not wait)' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l ttl -d 'Lease length (humantime: 500ms, 30s, 5m, "1h 30m"), from 100ms to 24h' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l renew-every -d 'Renewal period, at least 10ms and shorter than the TTL [default: TTL/3]' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l wait -d 'How long to wait for a busy lock (0: do not wait), at most 365d' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l conflict-exit-code -d 'Exit status when the lock was not acquired' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l hold-at-least -d 'Keep the lock until this long after acquisition even if the command ends sooner (without keeping a process alive), so hosts with skewed clocks do not run the same cron tick again' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l kill-signal -d 'First signal sent to the process group when the lock is lost (TERM, INT, HUP, QUIT, USR1, USR2, KILL, or a number; SIG prefix optional)' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l kill-after -d 'Escalate to SIGKILL this long after the kill signal, or at the lease deadline, whichever comes first' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l max-runtime -d 'Stop the command (kill signal, then SIGKILL after --kill-after) once it has run this long' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l hold-at-least -d 'Keep the lock until this long after acquisition even if the command ends sooner (without keeping a process alive), so hosts with skewed clocks do not run the same cron tick again. At most 24h (it is stored as the lock\'s expiry)' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l kill-signal -d 'First signal sent to the process group when the lock is lost (TERM, INT, HUP, QUIT, USR1, USR2, KILL, or a number; SIG prefix optional). Signals that only stop or continue a process or are ignored by default (STOP, TSTP, TTIN, TTOU, CONT, CHLD, WINCH, URG) are refused' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l kill-after -d 'Escalate to SIGKILL this long after the kill signal, or at the lease deadline, whichever comes first. At most 24h' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l max-runtime -d 'Stop the command (kill signal, then SIGKILL after --kill-after) once it has run this long (0: no limit), at most 365d' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l metrics-file -d 'After every run (ran, busy, lost or failed), atomically replace this file with Prometheus text-format gauges for node_exporter\'s textfile collector (use one file per lock, named *.prom)' -r -F
 complete -c lockrun -n "__fish_lockrun_using_subcommand run" -s q -l quiet -d 'Quieter: only errors'
 complete -c lockrun -n "__fish_lockrun_using_subcommand run" -s v -l verbose -d 'Louder: -v for each step of the run, -vv for every renewal'

@@ -31,14 +31,22 @@ pub use table::{parse_urls, scheme_list, url_help, Kind, Target, UrlContext, KIN
 /// was lost (a connection cut, a woken waiter that died before taking the lock).
 pub const MAX_WAIT_SLICE: Duration = Duration::from_secs(2);
 
+/// The shortest a waiter sleeps before asking again. A lease about to expire, or one
+/// reported with no time left (a key without an expiry, a clock step on the server),
+/// must not turn waiters into a busy loop against the server: the finding was 40
+/// requests a second from one waiter.
+pub const MIN_WAIT_SLICE: Duration = Duration::from_millis(100);
+
 /// How long a waiter sleeps before trying again: until the busy lease would expire
-/// (`expires_in`: a crashed holder never sends a wake-up), at most
-/// [`MAX_WAIT_SLICE`] and `max`, plus up to 50 ms of jitter so that waiters that time
-/// out together do not ask together.
+/// (`expires_in`: a crashed holder never sends a wake-up), at least
+/// [`MIN_WAIT_SLICE`], at most [`MAX_WAIT_SLICE`], plus up to 50 ms of jitter so that
+/// waiters that time out together do not ask together; and never past `max`, the
+/// `--wait` left (the last try may come sooner than the floor: after it, the waiter
+/// gives up).
 pub fn wait_slice(expires_in: Duration, max: Duration) -> Duration {
     let jitter = Duration::from_millis(crate::token::random_u64() % 50);
     expires_in
-        .min(MAX_WAIT_SLICE)
+        .clamp(MIN_WAIT_SLICE, MAX_WAIT_SLICE)
         .saturating_add(jitter)
         .min(max)
 }
@@ -278,5 +286,18 @@ mod tests {
             assert!(s >= MAX_WAIT_SLICE && s < MAX_WAIT_SLICE + ms(50), "{s:?}");
             assert_eq!(wait_slice(Duration::from_secs(30), ms(100)), ms(100));
         }
+    }
+
+    #[test]
+    fn waiters_never_poll_faster_than_every_100ms() {
+        let ms = Duration::from_millis;
+        for expires_in in [Duration::ZERO, Duration::from_nanos(1), ms(1), ms(99)] {
+            for _ in 0..100 {
+                let s = wait_slice(expires_in, Duration::from_secs(60));
+                assert!(s >= MIN_WAIT_SLICE && s < ms(150), "{expires_in:?}: {s:?}");
+            }
+        }
+        // Only the wait left cuts a slice shorter: the last try before giving up.
+        assert_eq!(wait_slice(Duration::ZERO, ms(30)), ms(30));
     }
 }

@@ -124,14 +124,27 @@ pub fn split_userinfo(rest: &str) -> (Option<&str>, &str) {
     }
 }
 
-/// Checks a comma-separated `host:port[,host:port...]` list (port 1 to 65535).
-pub fn host_list(hosts: &str) -> Option<Vec<String>> {
-    let ok = |h: &str| {
-        h.rsplit_once(':')
-            .is_some_and(|(n, p)| !n.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0))
-    };
+/// Checks a comma-separated `host:port[,host:port...]` list (port 1 to 65535, in
+/// decimal digits). `expected` is the URL form, for the message when it is malformed;
+/// port 0 has a message of its own ([`ConfigError::PortZero`]).
+pub fn host_list(hosts: &str, expected: &'static str) -> Result<Vec<String>, ConfigError> {
     let list: Vec<String> = hosts.split(',').map(str::to_owned).collect();
-    list.iter().all(|h| ok(h)).then_some(list)
+    for host in &list {
+        let (name, port) = host
+            .rsplit_once(':')
+            .ok_or(ConfigError::BadUrl { expected })?;
+        // Digits only: `u16`'s parser would take `+1`.
+        let port = Some(port)
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|p| p.parse::<u16>().ok());
+        match port {
+            _ if name.is_empty() => return Err(ConfigError::BadUrl { expected }),
+            None => return Err(ConfigError::BadUrl { expected }),
+            Some(0) => return Err(ConfigError::PortZero),
+            Some(_) => {}
+        }
+    }
+    Ok(list)
 }
 
 /// Helpers for the parsers' unit tests.
@@ -192,12 +205,25 @@ mod tests {
 
     #[test]
     fn host_lists_need_a_port_on_every_host() {
+        let expected = "h:p";
         assert_eq!(
-            host_list("a:1,b:2"),
-            Some(vec!["a:1".to_owned(), "b:2".to_owned()])
+            host_list("a:1,b:2", expected),
+            Ok(vec!["a:1".to_owned(), "b:2".to_owned()])
         );
-        for bad in ["", "a", "a:0", "a:1,", ":1", "a:x"] {
-            assert_eq!(host_list(bad), None, "{bad}");
+        assert_eq!(host_list("[::1]:65535", expected).unwrap().len(), 1);
+        for bad in ["", "a", "a:1,", ":1", "a:x", "a:+1", "a:65536", "a:"] {
+            assert_eq!(
+                host_list(bad, expected),
+                Err(ConfigError::BadUrl { expected }),
+                "{bad}"
+            );
+        }
+        for zero in ["a:0", "a:1,b:0", "a:00"] {
+            assert_eq!(
+                host_list(zero, expected),
+                Err(ConfigError::PortZero),
+                "{zero}"
+            );
         }
     }
 }

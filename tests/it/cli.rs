@@ -234,3 +234,124 @@ fn more_options_are_read_from_lockrun_environment_variables() {
     }
     assert!(!f.stderr.is_empty(), "no log line for a 124");
 }
+
+/// Asserts a refusal before anything started: exit 125 and exactly one line on stderr,
+/// which contains `needle`.
+fn assert_refused(f: &Finished, needle: &str) {
+    f.assert_failure(125);
+    let lines: Vec<&str> = f.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "a refusal is one line, got:\n{}", f.stderr);
+    assert!(
+        lines[0].contains(needle) && lines[0].contains("not started"),
+        "the refusal should say {needle:?}: {}",
+        lines[0]
+    );
+}
+
+#[test]
+fn durations_out_of_their_range_are_refused_with_the_range() {
+    // Against a live server, so that an accepted value would run the command.
+    let redis = RedisServer::start();
+    let s = Scratch::new();
+    for (option, value, range) in [
+        ("--ttl", "99ms", "100ms to 24h"),
+        ("--ttl", "24h 1s", "100ms to 24h"),
+        ("--ttl", "18446744073709551615s", "100ms to 24h"),
+        ("--ttl", "292000000000y", "100ms to 24h"),
+        ("--renew-every", "1ns", "10ms to 24h"),
+        ("--renew-every", "9ms", "10ms to 24h"),
+        ("--wait", "366d", "0 to 365d"),
+        ("--hold-at-least", "500000000000y", "0 to 24h"),
+        ("--kill-after", "25h", "0 to 24h"),
+        ("--max-runtime", "366d", "0 (no limit) to 365d"),
+    ] {
+        let marker = s.path("ran");
+        let mut cmd = lockrun_run(&redis.url(), "job", &[option, value], &["touch"]);
+        cmd.arg(&marker);
+        assert_refused(&run(cmd), range);
+        assert!(!marker.exists(), "{option} {value}: the command ran");
+        assert!(!redis.exists(&lock_key("job")), "{option} {value}: a lock");
+    }
+}
+
+#[test]
+fn durations_from_the_environment_are_bounded_too() {
+    let redis = RedisServer::start();
+    for (var, value, range) in [
+        ("LOCKRUN_TTL", "48h", "100ms to 24h"),
+        ("LOCKRUN_RENEW_EVERY", "1ms", "10ms to 24h"),
+        ("LOCKRUN_WAIT", "400d", "0 to 365d"),
+        ("LOCKRUN_MAX_RUNTIME", "500000000000y", "365d"),
+    ] {
+        let mut cmd = lockrun_run(&redis.url(), "job", &[], &["true"]);
+        cmd.env(var, value);
+        assert_refused(&run(cmd), range);
+    }
+}
+
+#[test]
+fn a_wait_too_long_for_the_clock_is_refused_not_a_panic() {
+    // `--wait 500000000000y` on a busy lock used to panic ("overflow when adding
+    // duration to instant", exit 134).
+    let redis = RedisServer::start();
+    let s = Scratch::new();
+    let (mut holder, _) = start_holder(&redis.url(), "job", &s, &[]);
+    for wait in [
+        "500000000000y",
+        "18446744073709551615s",
+        "99999999999999999999s",
+    ] {
+        let f = run(lockrun_run(
+            &redis.url(),
+            "job",
+            &["--wait", wait],
+            &["true"],
+        ));
+        assert_refused(&f, "--wait");
+    }
+    s.touch("go");
+    holder.wait().assert_code(0);
+}
+
+#[test]
+fn kill_signals_that_do_not_end_a_process_are_refused() {
+    let redis = RedisServer::start();
+    let s = Scratch::new();
+    for sig in [
+        "STOP", "TSTP", "TTIN", "TTOU", "CONT", "CHLD", "WINCH", "URG", "SIGSTOP", "19",
+    ] {
+        let marker = s.path("ran");
+        let mut cmd = lockrun_run(&redis.url(), "job", &["--kill-signal", sig], &["touch"]);
+        cmd.arg(&marker);
+        let f = run(cmd);
+        assert_refused(&f, "TERM, INT, HUP, QUIT, USR1, USR2, KILL");
+        assert!(f.stderr.contains("--kill-signal"), "{}", f.stderr);
+        assert!(!marker.exists(), "--kill-signal {sig}: the command ran");
+    }
+}
+
+#[test]
+fn port_0_is_refused_in_every_backend_url() {
+    let redis = RedisServer::start();
+    let live = redis.url();
+    let redlock = format!("{live},redis://127.0.0.1:0,{live}");
+    for url in [
+        "redis://127.0.0.1:0",
+        "redis://:s3cret@127.0.0.1:0/1",
+        "rediss://127.0.0.1:0",
+        "redis+sentinel://127.0.0.1:26379,127.0.0.1:0/mymaster",
+        "etcd://127.0.0.1:0",
+        "etcd://root:s3cret@127.0.0.1:2379,127.0.0.1:0",
+        "postgres://postgres@127.0.0.1:0/test",
+        "postgresql://postgres:s3cret@127.0.0.1/test?port=0",
+        redlock.as_str(),
+    ] {
+        let f = run(lockrun_run(url, "job", &[], &["true"]));
+        assert_refused(&f, "port 0");
+        assert!(!f.stderr.contains("s3cret"), "{}", f.stderr);
+    }
+    let mut cmd = lockrun();
+    cmd.args(["job", "--", "true"])
+        .env("LOCKRUN_URL", "redis://127.0.0.1:0");
+    assert_refused(&run(cmd), "port 0");
+}

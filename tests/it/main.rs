@@ -9,6 +9,8 @@
 //!   backend has;
 //! - `metrics`, `operations`: the metrics file and the logs;
 //! - `docs`: the README, man page and examples agree with the code;
+//! - `fuzz`: random command lines, URLs and durations: no panic, documented statuses,
+//!   one-line refusals;
 //! - `soak`: the nemesis soak and its history checker.
 
 mod auth;
@@ -19,6 +21,7 @@ mod docs;
 mod etcd;
 mod exit_status;
 mod fencing;
+mod fuzz;
 mod lease;
 mod metrics;
 mod operations;

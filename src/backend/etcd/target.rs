@@ -51,7 +51,7 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<EtcdTarget, ConfigError>
     };
     let rest = url.strip_prefix("etcd://").ok_or_else(bad)?;
     let (userinfo, hosts) = split_userinfo(rest.trim_end_matches('/'));
-    let members = host_list(hosts).ok_or_else(bad)?;
+    let members = host_list(hosts, KIND.usage)?;
     let credentials = match (userinfo, &ctx.password) {
         (Some(u), pw) => {
             let (user, url_pw) = u.split_once(':').unwrap_or((u, ""));
@@ -92,8 +92,15 @@ mod tests {
             parse("etcd://h:2379", &ctx(&a, Some("pw"))),
             Err(ConfigError::Backend(_))
         ));
-        for bad in ["etcd://", "etcd://host", "etcd://host:0", "etcd://h:1,"] {
+        for bad in ["etcd://", "etcd://host", "etcd://h:1,"] {
             assert!(parse(bad, &ctx(&a, None)).is_err(), "{bad}");
+        }
+        for zero in ["etcd://host:0", "etcd://a:2379,b:0", "etcd://u:pw@h:0/"] {
+            assert_eq!(
+                parse(zero, &ctx(&a, None)).unwrap_err(),
+                ConfigError::PortZero,
+                "{zero}"
+            );
         }
     }
 }

@@ -75,6 +75,11 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<PostgresTarget, ConfigEr
     let mut config: tokio_postgres::Config = url.parse().map_err(|_| ConfigError::BadUrl {
         expected: KIND.usage,
     })?;
+    // libpq's URL form takes port 0 (in the host list or as `?port=0`); nothing
+    // listens there.
+    if config.get_ports().contains(&0) {
+        return Err(ConfigError::PortZero);
+    }
     if let Some(password) = &ctx.password {
         config.password(password.clone());
     }
@@ -126,6 +131,20 @@ mod tests {
         let pg = parse("postgresql://localhost/test", &ctx(&a, Some("envpw"))).unwrap();
         assert_eq!(pg.config.get_password(), Some(&b"envpw"[..]));
         assert!(pg.tls, "sslmode defaults to prefer");
+    }
+
+    #[test]
+    fn port_0_is_refused() {
+        let a = args(&[]);
+        for url in [
+            "postgres://u:pw@h:0/db",
+            "postgresql://h1:5432,h2:0/db",
+            "postgres://h/db?port=0",
+        ] {
+            let e = parse(url, &ctx(&a, None)).unwrap_err();
+            assert_eq!(e, ConfigError::PortZero, "{url}");
+        }
+        assert!(parse("postgres://h:5432/db", &ctx(&a, None)).is_ok());
     }
 
     #[test]

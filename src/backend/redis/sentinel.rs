@@ -46,7 +46,7 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, ConfigError
         Some((m, db)) => (m, Some(db)),
         None => (path, None),
     };
-    let addrs = host_list(hosts).ok_or_else(bad)?;
+    let addrs = host_list(hosts, KIND.usage)?;
     if master.is_empty() || db.is_some_and(|d| d.parse::<u32>().is_err()) {
         return Err(bad());
     }
@@ -132,5 +132,9 @@ mod tests {
                 "{bad}"
             );
         }
+        assert_eq!(
+            parse("redis+sentinel://s1:1,s2:0/m", &ctx(&a, None)).unwrap_err(),
+            ConfigError::PortZero
+        );
     }
 }

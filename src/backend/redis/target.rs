@@ -49,6 +49,13 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, ConfigError
         expected: KIND.usage,
     };
     let mut info = url.into_connection_info().map_err(|_| bad())?;
+    // The parser takes port 0; no server listens there, and a connection to it fails
+    // with a message that looks like a server that is down.
+    if matches!(info.addr(), redis::ConnectionAddr::Tcp(_, 0))
+        || matches!(info.addr(), redis::ConnectionAddr::TcpTls { port: 0, .. })
+    {
+        return Err(ConfigError::PortZero);
+    }
     if let Some(password) = &ctx.password {
         let settings = info.redis_settings().clone().set_password(password.clone());
         info = info.set_redis_settings(settings);
@@ -93,5 +100,16 @@ mod tests {
                 expected: KIND.usage
             }
         );
+    }
+
+    #[test]
+    fn port_0_is_refused() {
+        let a = args(&[]);
+        for url in ["redis://h:0", "rediss://:pw@h:0/1", "redis://127.0.0.1:00"] {
+            let e = parse(url, &ctx(&a, None)).unwrap_err();
+            assert_eq!(e, ConfigError::PortZero, "{url}");
+            assert!(!e.to_string().contains("pw"), "{e}");
+        }
+        assert!(parse("redis://h:1", &ctx(&a, None)).is_ok());
     }
 }
