@@ -10,7 +10,8 @@
 //!   Redis of the test's own): exit status in the documented set, and a refusal (what
 //!   the in-process check refused) is status 125 with exactly one line on stderr.
 //!
-//! `LOCKRUN_FUZZ_SEED` replays a run (a new seed is drawn otherwise, and printed on
+//! `LOCKRUN_FUZZ_SEED` picks the seed (a fixed one by default, so that the suite is
+//! the same on every run; `LOCKRUN_FUZZ_SEED=random` draws a new one, printed on
 //! failure); `LOCKRUN_FUZZ_ITERS` (default 10000; the binary gets one case in 25) runs it
 //! longer: `LOCKRUN_FUZZ_ITERS=200000 cargo test --test it fuzz::`.
 
@@ -34,7 +35,13 @@ const SECRET: &str = "s3cret";
 /// The seed and the number of in-process cases, from the environment or defaults.
 fn settings() -> (u64, u64) {
     let var = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse().ok());
+    // A fixed default: a suite that fails on one run and passes on the next blocks
+    // everyone; exploring is for longer runs with `LOCKRUN_FUZZ_SEED=random`.
+    let random = std::env::var("LOCKRUN_FUZZ_SEED").is_ok_and(|v| v.trim() == "random");
     let seed = var("LOCKRUN_FUZZ_SEED").unwrap_or_else(|| {
+        if !random {
+            return 20_261_130;
+        }
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
         now.map_or(1, |d| d.as_nanos() as u64) ^ u64::from(std::process::id())
     });
