@@ -27,6 +27,12 @@ use thiserror::Error;
 use crate::config::BackendConfig;
 pub use table::{parse_urls, scheme_list, url_help, Kind, Target, UrlContext, KINDS};
 
+/// The longest lease any backend takes: lockrun's largest `--ttl` and
+/// `--hold-at-least` ([`crate::config::bounds`]). Each backend refuses a longer one
+/// before writing anything (so no lock outlives it), and gives a lock it finds without
+/// an expiry this much, so that it frees eventually and its waiters wait, not poll.
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// The longest a waiter sleeps without asking the backend again, in case a wake-up
 /// was lost (a connection cut, a woken waiter that died before taking the lock).
 pub const MAX_WAIT_SLICE: Duration = Duration::from_secs(2);

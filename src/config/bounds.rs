@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use super::ConfigError;
 
-const DAY: Duration = Duration::from_secs(24 * 60 * 60);
+/// A day: the longest lease every backend takes ([`crate::backend::MAX_LEASE`]).
+const DAY: Duration = crate::backend::MAX_LEASE;
 
 /// The range of one duration option.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,10 +6,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::backend::{AcquireRequest, BackendError, Holder};
 
-/// The longest lease lockrun takes (its largest `--ttl` and `--hold-at-least`). A
-/// longer one is refused before it is granted: etcd would grant up to about 285 years,
-/// a lock that never frees. A key found without a lease is given this much.
-pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+/// The longest lease: a longer one is refused before it is granted (etcd would grant
+/// up to about 285 years, a lock that never frees); a key found without a lease is
+/// given this much.
+pub use crate::backend::MAX_LEASE;
 
 /// etcd TTLs are whole seconds: round up, so the server keeps the lease at least `d`.
 pub fn ttl_secs(d: Duration) -> i64 {

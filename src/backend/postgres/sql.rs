@@ -13,9 +13,9 @@ use crate::backend::BackendError;
 pub(super) const SESSION: &str = "SET synchronous_commit = on; SET lock_timeout = '5s'; \
                        SET statement_timeout = '10s'; SET idle_in_transaction_session_timeout = '10s'";
 
-/// The longest lease lockrun takes (its largest `--ttl` and `--hold-at-least`): a
-/// longer one is refused before anything is written, so that no row is held for longer.
-pub(super) const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+/// The longest lease: a longer one is refused before anything is written, so that no
+/// row is held for longer.
+pub(super) use crate::backend::MAX_LEASE;
 
 /// A lease as whole milliseconds (at least 1), the statements' parameter; a refusal
 /// when it is longer than [`MAX_LEASE`].

@@ -14,11 +14,9 @@ use redis::{FromRedisValue, ParsingError, Value};
 
 use crate::backend::Holder;
 
-/// The longest lease the scripts accept (`MAX_MS` in `scripts/args.lua`): lockrun's
-/// largest `--ttl` and `--hold-at-least`. A lock found without an expiry is given this
-/// much, and reported so, so that it frees eventually and its waiters wait rather than
-/// poll.
-pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+/// The longest lease the scripts accept (`MAX_MS` in `scripts/args.lua`; a unit test
+/// keeps the two equal).
+pub use crate::backend::MAX_LEASE;
 
 /// How long a fencing counter outlives its last write (`FENCE_KEEP_MS` in
 /// `scripts/args.lua`), so that a name no longer used leaves nothing behind for good.
