@@ -64,8 +64,9 @@ pub struct BackendArgs {
     /// The backend URL(s); the help text comes from the table of backends.
     pub url: Vec<String>,
 
-    /// Read the backend password from this file (the first line; overrides the URL's).
-    /// LOCKRUN_PASSWORD in the environment works too.
+    /// Read the backend password from this file (its first line, at most 4 KiB; overrides
+    /// the URL's; a warning if group or others can read it). LOCKRUN_PASSWORD in the
+    /// environment works too; the command gets neither.
     #[arg(long, env = "LOCKRUN_PASSWORD_FILE", value_name = "PATH")]
     pub password_file: Option<PathBuf>,
 

@@ -77,8 +77,8 @@ pub enum ConfigError {
     /// Several URLs that are not all Redis, or too few for a quorum.
     #[error("several --url values make a Redlock quorum: give 3 or more (3 or 5 advised) redis:// or rediss:// URLs of independent servers")]
     BadQuorum,
-    /// The password file could not be read.
-    #[error("cannot read the password file {path}: {reason}")]
+    /// The password file could not be read, or holds no usable password.
+    #[error("cannot use the password file {path}: {reason}")]
     PasswordFile {
         /// The file.
         path: String,

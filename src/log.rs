@@ -108,7 +108,8 @@ events! {
     ForceReleased => "force_released",
     /// lockrun failed (usage, configuration, backend, spawning the command).
     Error => "error",
-    /// The `--metrics-file` could not be written.
+    /// The `--metrics-file` could not be written, or the previous one was not read
+    /// (not a regular file, or over 64 KiB).
     MetricsFailed => "metrics_failed",
     /// lockrun could not become a child subreaper.
     Subreaper => "subreaper",
