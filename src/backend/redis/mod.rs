@@ -42,6 +42,16 @@ use scripts::{AcquireReply, Done, HolderReply, Keys, Script};
 pub use scripts::{FENCE_KEEP, MAX_LEASE};
 pub use target::{RedisTarget, KIND};
 
+/// The Lua source lockrun sends for its script `name` (`acquire`, `renew`, `release`,
+/// `fence_floor`, `leave`, `inspect`, `force`), helpers included: what an operator
+/// or a test can EVAL by hand to see exactly what lockrun runs.
+pub fn script_source(name: &str) -> Option<&'static str> {
+    Script::ALL
+        .into_iter()
+        .find(|s| s.name() == name)
+        .map(Script::source)
+}
+
 /// How long a waiter's heartbeat lasts; a waiter re-checks (and so renews it) at least
 /// every [`crate::backend::MAX_WAIT_SLICE`].
 const WAITER_ALIVE: Duration = Duration::from_secs(6);

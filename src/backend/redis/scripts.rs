@@ -57,8 +57,7 @@ pub enum Script {
 }
 
 impl Script {
-    /// Every script (for tests).
-    #[cfg(test)]
+    /// Every script.
     pub const ALL: [Script; 7] = [
         Script::Acquire,
         Script::Renew,

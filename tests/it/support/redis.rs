@@ -294,23 +294,12 @@ pub fn lock_key(name: &str) -> String {
     format!("lockrun:{{{name}}}")
 }
 
-/// The Lua source lockrun sends as script `name` (`acquire`, `renew`, ...): the file
-/// under `src/backend/redis/scripts/`, after the helpers `scripts.rs` puts before it
-/// (the argument checks, and the wake-up helper for the scripts that free a lock).
+/// The Lua source lockrun sends as script `name` (`acquire`, `renew`, ...), taken
+/// from the library itself, so the tests EVAL exactly what lockrun runs.
 pub fn lockrun_script(name: &str) -> String {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/backend/redis/scripts");
-    let read = |file: &str| {
-        fs::read_to_string(format!("{dir}/{file}.lua"))
-            .unwrap_or_else(|e| panic!("read {file}.lua: {e}"))
-    };
-    let mut src = String::new();
-    if name != "leave" && name != "force" {
-        src += &read("args");
-    }
-    if name == "release" || name == "force" {
-        src += &read("wake");
-    }
-    src + &read(name)
+    lockrun::backend::redis::script_source(name)
+        .unwrap_or_else(|| panic!("lockrun has no Redis script {name:?}"))
+        .to_owned()
 }
 
 /// The key of `what` (`waiters`, `alive`) of lock `name` with the default prefix.
