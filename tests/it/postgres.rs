@@ -1,6 +1,6 @@
-//! What only the PostgreSQL backend has, end to end: the real binary against the
-//! machine's server on 127.0.0.1:5432 (a fresh table per test) and against private
-//! clusters with a password or on a fake clock: the lock table and its sequence, TLS,
+//! What only the PostgreSQL backend has, end to end: the real binary against private
+//! clusters of the tests' own (a fresh table in each; some with a password, TLS or a fake
+//! clock): the lock table and its sequence, TLS,
 //! authentication, errors, and expiry by the database's clock. The contract every
 //! backend keeps is tested in the conformance suite.
 
@@ -28,7 +28,7 @@ fn start_forever(t: &Table, name: &str, s: &Scratch, opts: &[&str]) -> (Running,
 /// conformance suite.)
 #[test]
 fn a_row_with_another_token_stops_the_command_at_once() {
-    let t = Table::shared();
+    let t = Table::private();
     let s = Scratch::new();
     let (mut holder, pid) =
         start_forever(&t, "job", &s, &["--ttl", "3s", "--renew-every", "300ms"]);
@@ -49,7 +49,7 @@ fn a_row_with_another_token_stops_the_command_at_once() {
 
 #[test]
 fn fencing_tokens_increase_across_runs_releases_and_lost_rows() {
-    let t = Table::shared();
+    let t = Table::private();
     let token = || {
         let f = run(t.run("job", &[], &sh("echo $LOCKRUN_FENCING_TOKEN")));
         parse_token(f.assert_code(0).stdout.trim())
@@ -69,7 +69,7 @@ fn fencing_tokens_increase_across_runs_releases_and_lost_rows() {
 
 #[test]
 fn status_of_a_table_that_does_not_exist_yet_is_free() {
-    let t = Table::shared();
+    let t = Table::private();
     let (code, v) = t.status_json("job");
     assert_eq!(
         (code, &v["held"]),
@@ -113,7 +113,7 @@ fn an_unreachable_server_exits_125_without_running_the_command() {
 
 #[test]
 fn a_table_in_a_missing_schema_exits_125() {
-    let t = Table::shared();
+    let t = Table::private();
     let s = Scratch::new();
     let mut cmd = lockrun();
     cmd.args([
@@ -133,7 +133,7 @@ fn a_table_in_a_missing_schema_exits_125() {
 
 #[test]
 fn a_table_that_is_not_a_lock_table_exits_125() {
-    let t = Table::shared();
+    let t = Table::private();
     let s = Scratch::new();
     t.db.exec(&format!("CREATE TABLE {} (id int)", t.name));
     let f = run(t.run("job", &[], &["touch", s.path("ran").to_str().unwrap()]));
@@ -144,7 +144,7 @@ fn a_table_that_is_not_a_lock_table_exits_125() {
 
 #[test]
 fn many_first_runs_create_the_table_once() {
-    let t = Table::shared();
+    let t = Table::private();
     let names: Vec<String> = (0..6).map(|i| format!("job{i}")).collect();
     let mut runs: Vec<Running> = names
         .iter()
@@ -157,9 +157,10 @@ fn many_first_runs_create_the_table_once() {
 
 #[test]
 fn sslmode_require_encrypts_the_connection() {
-    let t = Table::shared();
+    let tls = TlsFiles::generate(false);
+    let t = PrivatePg::start_tls(&tls).into_table();
     let s = Scratch::new();
-    let url = SHARED_URL.replace("sslmode=disable", "sslmode=require");
+    let url = t.url.replace("sslmode=disable", "sslmode=require");
     let mut cmd = lockrun();
     cmd.args([
         "--url",
@@ -281,7 +282,7 @@ fn token_on(t: &Table, name: &str) -> u128 {
 
 #[test]
 fn rows_of_names_unused_for_a_day_go_and_tokens_keep_increasing() {
-    let t = Table::shared();
+    let t = Table::private();
     let mut seen = vec![
         token_on(&t, "job"),
         token_on(&t, "recent"),

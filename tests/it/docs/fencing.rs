@@ -1,5 +1,5 @@
 //! The fencing examples (`packaging/examples/`) run under lockrun against a real Redis
-//! and the machine's PostgreSQL, refuse a stale token, and appear in the README as they
+//! and a private PostgreSQL cluster, refuse a stale token, and appear in the README as they
 //! are.
 
 use std::fs;
@@ -77,22 +77,23 @@ fn the_redis_fencing_example_refuses_a_stale_token() {
     assert!(fence() > first, "the next holder's write did not land");
 }
 
-/// A schema of the machine's PostgreSQL for one test, dropped at the end.
+/// A schema in a private PostgreSQL cluster for one test (stopped with it).
 struct PgSchema {
+    _server: PrivatePg,
     url: String,
     name: String,
 }
 
 impl PgSchema {
     fn create() -> PgSchema {
-        let url = std::env::var("LOCKRUN_TEST_DATABASE_URL")
-            .unwrap_or_else(|_| "postgresql://127.0.0.1:5432/test".to_owned());
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_nanos();
-        let name = format!("lockrun_docs_{}_{nanos}", std::process::id());
-        let schema = PgSchema { url, name };
+        let server = PrivatePg::start();
+        let url = format!("postgresql://postgres@127.0.0.1:{}/postgres", server.port());
+        let name = "lockrun_docs".to_owned();
+        let schema = PgSchema {
+            _server: server,
+            url,
+            name,
+        };
         schema.psql(&format!("CREATE SCHEMA {}", schema.name));
         schema
     }
@@ -121,21 +122,11 @@ impl PgSchema {
             .unwrap_or_else(|e| panic!("cannot run psql ({e}): install postgresql-client"));
         assert!(
             out.status.success(),
-            "psql {} -c {sql:?} failed (this test needs the machine's PostgreSQL; \
-             LOCKRUN_TEST_DATABASE_URL overrides the URL): {}",
+            "psql {} -c {sql:?} failed: {}",
             self.url,
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
-}
-
-impl Drop for PgSchema {
-    fn drop(&mut self) {
-        let _ = Command::new("psql")
-            .args([self.url.as_str(), "-X", "-q", "-c"])
-            .arg(format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name))
-            .output();
     }
 }
 

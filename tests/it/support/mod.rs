@@ -4,7 +4,7 @@
 //!   through `/proc`; `scratch`: a temporary directory for marker, pid and history files;
 //! - servers of the test's own on free ports: `redis` (plain, password, TLS, ACL users),
 //!   `sentinel` (master, replica and Sentinel), `etcd`, `pg` (private PostgreSQL clusters,
-//!   and tables in the machine's server); `tls` makes their certificates;
+//!   and a fresh lock table in one); `tls` makes their certificates;
 //! - `proxy`: the fault-injecting TCP proxy (pass, blackhole, cut, refuse, latency, held
 //!   back requests, traffic watching); `clock`: the boot clock and a fake wall clock;
 //! - `backends`: every backend behind one interface, for the conformance suite;
@@ -12,7 +12,7 @@
 //! - `serial`: which tests may run side by side.
 //!
 //! Rules every helper keeps, so that tests can run in parallel on a small noisy machine:
-//! - every test gets its own servers (never the shared Redis on 6379);
+//! - every test gets its own servers (never the machine's Redis on 6379 or PostgreSQL on 5432);
 //! - every process started here is killed by a `Drop` guard, even when a test panics;
 //! - every wait checks a condition and panics with a clear message after a deadline;
 //! - the environment given to lockrun has no `LOCKRUN_*` variable unless the test sets it.
@@ -37,7 +37,7 @@ pub use backends::{Backend, Postgres, Quorum, SentinelService, Service};
 pub use clock::{boottime, FakeClock};
 pub use etcd::{etcd_key, EtcdServer};
 pub use history::{overlaps, reused_tokens, Sections, Span};
-pub use pg::{Db, PrivatePg, Table, SHARED_URL};
+pub use pg::{Db, PrivatePg, Table};
 pub use process::*;
 pub use proxy::{Mode, Proxy, Watch, Watcher};
 pub use redis::{fence_key, lock_key, waiter_key, RedisServer};

@@ -1,13 +1,15 @@
-//! PostgreSQL for lockrun's integration tests: the machine's server on 127.0.0.1:5432 with
-//! a fresh lock table per test ([`Table`], dropped with its sequence at the end), and
-//! private clusters on free ports ([`PrivatePg`]) that a test may kill, freeze or run on a
-//! fake clock. The test's own queries go through tokio-postgres on a small runtime.
+//! PostgreSQL for lockrun's integration tests: private clusters on free ports
+//! ([`PrivatePg`], never the machine's server) that a test may kill, freeze, run on a fake
+//! clock or serve over TLS, and a fresh lock table in one ([`Table`]). The test's own
+//! queries go through tokio-postgres on a small runtime.
 //!
 //! A private cluster needs the server binaries (Debian's `postgresql`); as root it runs
 //! as the `postgres` user, since PostgreSQL refuses to run as root.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -17,10 +19,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tempfile::TempDir;
 
-use super::{free_port, lockrun, run, serial, wait_until, Finished, WAIT};
-
-/// The machine's server, database `test`, without TLS.
-pub const SHARED_URL: &str = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable";
+use super::{free_port, lockrun, run, serial, wait_until, Finished, TlsFiles, WAIT};
 
 /// A random lower-case suffix for names of tables and locks.
 pub fn random_suffix() -> String {
@@ -106,12 +105,15 @@ pub struct Table {
     pub url: String,
     /// The test's own connection.
     pub db: Db,
+    /// The cluster the table lives in, when the table started it.
+    pub server: Option<PrivatePg>,
 }
 
 impl Table {
-    /// A fresh table name in the machine's server (the table is not created: lockrun does).
-    pub fn shared() -> Table {
-        Table::on(SHARED_URL)
+    /// A fresh table name in a private cluster of its own (the table is not created:
+    /// lockrun does).
+    pub fn private() -> Table {
+        PrivatePg::start().into_table()
     }
 
     /// A fresh table name in the database at `url`.
@@ -120,6 +122,7 @@ impl Table {
             name: format!("lockrun_test_{}", random_suffix()),
             url: url.to_string(),
             db: Db::connect(url),
+            server: None,
         }
     }
 
@@ -273,19 +276,48 @@ impl PrivatePg {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let mut pg = PrivatePg {
+        let pg = PrivatePg {
             dir,
             port: 0,
             env: env.to_vec(),
             child: None,
         };
-        for _ in 0..10 {
-            pg.port = free_port();
-            if pg.spawn() {
-                return pg;
+        pg.launch()
+    }
+
+    /// A cluster serving TLS (`ssl=on`) with the server certificate of `tls` (for
+    /// 127.0.0.1, from its CA), besides plain connections.
+    pub fn start_tls(tls: &TlsFiles) -> PrivatePg {
+        let mut pg = PrivatePg::start_with(&[], &[]);
+        pg.kill();
+        let data = pg.dir.path().join("data");
+        for (from, to) in [("server.pem", "server.crt"), ("server.key", "server.key")] {
+            let dest = data.join(to);
+            std::fs::copy(tls.path(from), &dest).expect("copy TLS file");
+            std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o600)).unwrap();
+            if let Some((uid, gid)) = server_user() {
+                std::os::unix::fs::chown(&dest, Some(uid), Some(gid)).expect("chown");
             }
         }
-        panic!("could not start a private PostgreSQL: {}", pg.log());
+        let mut conf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))
+            .expect("open postgresql.conf");
+        writeln!(conf, "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'")
+            .expect("write postgresql.conf");
+        pg.restart();
+        pg
+    }
+
+    /// Starts the initialised cluster on a free port.
+    fn launch(mut self) -> PrivatePg {
+        for _ in 0..10 {
+            self.port = free_port();
+            if self.spawn() {
+                return self;
+            }
+        }
+        panic!("could not start a private PostgreSQL: {}", self.log());
     }
 
     /// Starts the server on `self.port`; true once it accepts connections.
@@ -335,6 +367,13 @@ impl PrivatePg {
             "postgres://postgres@127.0.0.1:{}/postgres?sslmode=disable",
             self.port
         )
+    }
+
+    /// A fresh lock table in this cluster, which the table keeps (and stops with it).
+    pub fn into_table(self) -> Table {
+        let mut table = Table::on(&self.url());
+        table.server = Some(self);
+        table
     }
 
     /// The port it listens on.
