@@ -1,7 +1,8 @@
-//! etcd client errors translated into [`BackendError`]s: one line naming the member
-//! as `host:port` only, and the few answers the backend branches on (a lease that is
-//! gone, a request that never left). Part of [`super`].
+//! etcd client errors ([`RpcError`]) translated into [`BackendError`]s: one line
+//! naming the member as `host:port` only, and the few answers the backend branches on
+//! (a lease that is gone, a request that never left). Part of [`super`].
 
+use super::rpc::RpcError;
 use crate::backend::BackendError;
 
 /// gRPC status codes (numbers fixed by the gRPC protocol).
@@ -15,18 +16,17 @@ mod code {
 }
 
 /// Translates a client error into one line naming the member as `host:port` only.
-pub fn describe(e: &etcd_client::Error, at: &str) -> BackendError {
-    use etcd_client::Error as E;
+pub fn describe(e: &RpcError, at: &str) -> BackendError {
     match e {
-        E::GRpcStatus(s) => status_error(s.code() as i32, s.message(), io_reason(s), at),
-        E::TransportError(t) => BackendError::Unavailable(format!(
+        RpcError::Status(s) => status_error(s.code() as i32, s.message(), io_reason(s), at),
+        RpcError::Transport(t) => BackendError::Unavailable(format!(
             "cannot reach etcd at {at}: {}",
             io_reason(t).unwrap_or_else(|| "transport error".into())
         )),
-        E::InvalidArgs(_) | E::InvalidUri(_) | E::InvalidMetadataValue(_) => {
-            BackendError::Refused(format!("etcd at {at} cannot be used: {e}"))
+        RpcError::Invalid(what) => {
+            BackendError::Refused(format!("etcd at {at} cannot be used: {what}"))
         }
-        other => BackendError::Unavailable(format!("etcd at {at} failed: {other}")),
+        RpcError::Broken(what) => BackendError::Unavailable(format!("etcd at {at} failed: {what}")),
     }
 }
 
@@ -88,11 +88,11 @@ fn io_reason(top: &(dyn std::error::Error + 'static)) -> Option<String> {
 
 /// True when the request cannot have reached the member: its connection was never
 /// made. Such a call is safe to send to another member.
-pub fn never_sent(e: &etcd_client::Error) -> bool {
+pub fn never_sent(e: &RpcError) -> bool {
     let top: &(dyn std::error::Error + 'static) = match e {
-        etcd_client::Error::GRpcStatus(s) => s,
-        etcd_client::Error::TransportError(t) => t,
-        _ => return false,
+        RpcError::Status(s) => s,
+        RpcError::Transport(t) => t,
+        RpcError::Invalid(_) | RpcError::Broken(_) => return false,
     };
     let mut cur = Some(top);
     while let Some(e) = cur {
@@ -110,11 +110,11 @@ pub fn never_sent(e: &etcd_client::Error) -> bool {
     false
 }
 
-/// True for etcd's answer that a lease does not exist (expired or revoked).
-pub fn is_lease_not_found(e: &etcd_client::Error) -> bool {
+/// True for etcd's answer that a lease does not exist (expired or revoked). A
+/// keep-alive says so with a TTL of 0 instead.
+pub fn is_lease_not_found(e: &RpcError) -> bool {
     match e {
-        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("lease not found"),
-        etcd_client::Error::GRpcStatus(s) => s.message().contains("requested lease not found"),
+        RpcError::Status(s) => s.message().contains("requested lease not found"),
         _ => false,
     }
 }
