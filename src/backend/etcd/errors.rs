@@ -18,7 +18,17 @@ mod code {
 /// Translates a client error into one line naming the member as `host:port` only.
 pub fn describe(e: &RpcError, at: &str) -> BackendError {
     match e {
-        RpcError::Status(s) => status_error(s.code() as i32, s.message(), io_reason(s), at),
+        RpcError::Status(s) => {
+            let io = io_reason(s);
+            let message = match (&io, innermost(s)) {
+                // tonic's own status for a broken connection says only "transport error".
+                (None, Some(cause)) if cause != s.message() => {
+                    format!("{} ({cause})", s.message())
+                }
+                _ => s.message().to_owned(),
+            };
+            status_error(s.code() as i32, &message, io, at)
+        }
         RpcError::Transport(t) => BackendError::Unavailable(format!(
             "cannot reach etcd at {at}: {}",
             io_reason(t).unwrap_or_else(|| "transport error".into())
@@ -84,6 +94,15 @@ fn io_reason(top: &(dyn std::error::Error + 'static)) -> Option<String> {
         cur = e.source();
     }
     timed_out.then(|| "timed out".into())
+}
+
+/// The message of the last error in `top`'s chain of causes, if it has any.
+fn innermost(top: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cause = top.source()?;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    Some(cause.to_string())
 }
 
 /// True when the request cannot have reached the member: its connection was never
@@ -158,5 +177,48 @@ mod tests {
         );
         let e = status_error(code::INVALID_ARGUMENT, auth, None, "h:1").to_string();
         assert!(e.starts_with("etcd at h:1 refused authentication"), "{e}");
+    }
+
+    #[test]
+    fn a_broken_connection_is_described_by_its_cause() {
+        let describe_chain = |cause: Box<dyn std::error::Error + Send + Sync>| {
+            let transport = Chain("transport error", Some(cause));
+            let status = tonic::Status::from_error(Box::new(transport));
+            describe(&RpcError::Status(status), "h:1")
+        };
+        let h2 = Chain("connection error detected: frame with invalid size", None);
+        let want = "etcd at h:1 is not available: transport error (connection error \
+                    detected: frame with invalid size)";
+        assert_eq!(
+            describe_chain(Box::new(h2)),
+            BackendError::Unavailable(want.into())
+        );
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let want = "cannot reach etcd at h:1: connection closed";
+        assert_eq!(
+            describe_chain(Box::new(reset)),
+            BackendError::Unavailable(want.into())
+        );
+    }
+
+    /// An error with a message and maybe a cause, as the transport's errors are.
+    #[derive(Debug)]
+    struct Chain(
+        &'static str,
+        Option<Box<dyn std::error::Error + Send + Sync>>,
+    );
+
+    impl std::fmt::Display for Chain {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Chain {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1
+                .as_deref()
+                .map(|e| e as &(dyn std::error::Error + 'static))
+        }
     }
 }
