@@ -11,7 +11,7 @@
 //!   (or folder) per backend, each owning its URL, options, connection and requests:
 //!   [`backend::redis`] (one Lua script a step; Sentinel and the Redlock quorum in
 //!   its folder), [`backend::postgres`] (a lease row) and [`backend::etcd`] (a
-//!   lease). Every backend keeps its connection in one [`backend::conn::Slot`]:
+//!   lease, over lockrun's own small gRPC client). Every backend keeps its connection in one [`backend::conn::Slot`]:
 //!   made lazily, forgotten after a failed or abandoned call.
 //! - [`run`]: the async driver. It acquires (`run/acquire.rs` carries out what the
 //!   pure acquire policy `run/policy.rs` decides: take, wait, retry with a new token,

@@ -139,6 +139,46 @@ fn authentication_is_checked_and_the_password_never_shown() {
 }
 
 #[test]
+fn an_expired_token_is_replaced_while_the_command_runs() {
+    let mut etcd = EtcdServer::start();
+    etcd.enable_auth("s3cret-pw");
+    let url = format!("etcd://root@127.0.0.1:{}", etcd.port());
+    let s = Scratch::new();
+    let mut cmd = lockrun_run(
+        &url,
+        "job",
+        &["--ttl", "3s"],
+        &sh(r#"touch "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.1; done"#),
+    );
+    cmd.env("LOCKRUN_PASSWORD", "s3cret-pw")
+        .env("STARTED", s.path("started"))
+        .env("GO", s.path("go"));
+    let mut lr = spawn(cmd);
+    wait_until("the command started", WAIT, || s.exists("started"));
+    let key = etcd.get(&etcd_key("job")).expect("the lock key exists");
+    etcd.forget_tokens();
+    // The next renewal (one a second) is first refused for its token: lockrun must log
+    // in again and send it once more.
+    thread::sleep(Duration::from_secs(5));
+    assert!(lr.is_running(), "lockrun stopped when its token expired");
+    let now = etcd.get(&etcd_key("job")).expect("the lock lapsed");
+    assert_eq!(
+        (now.create_revision, now.lease),
+        (key.create_revision, key.lease)
+    );
+    s.touch("go");
+    let f = lr.wait();
+    f.assert_code(0);
+    // A new connection would log in too, but only after a renewal had failed.
+    assert!(
+        !f.stderr.contains("renew"),
+        "a renewal failed on the expired token: {}",
+        f.stderr
+    );
+    assert!(!etcd.exists(&etcd_key("job")), "the lock was left behind");
+}
+
+#[test]
 fn a_lock_key_on_no_lease_is_given_the_longest_lease() {
     let etcd = EtcdServer::start();
     let holder = r#"{"token":"by-hand","host":"oldhost","pid":4242,"since_ms":1}"#;

@@ -1,7 +1,8 @@
-//! etcd client errors translated into [`BackendError`]s: one line naming the member
-//! as `host:port` only, and the few answers the backend branches on (a lease that is
-//! gone, a request that never left). Part of [`super`].
+//! etcd client errors ([`RpcError`]) translated into [`BackendError`]s: one line
+//! naming the member as `host:port` only, and the few answers the backend branches on
+//! (a lease that is gone, a request that never left). Part of [`super`].
 
+use super::rpc::RpcError;
 use crate::backend::BackendError;
 
 /// gRPC status codes (numbers fixed by the gRPC protocol).
@@ -15,18 +16,27 @@ mod code {
 }
 
 /// Translates a client error into one line naming the member as `host:port` only.
-pub fn describe(e: &etcd_client::Error, at: &str) -> BackendError {
-    use etcd_client::Error as E;
+pub fn describe(e: &RpcError, at: &str) -> BackendError {
     match e {
-        E::GRpcStatus(s) => status_error(s.code() as i32, s.message(), io_reason(s), at),
-        E::TransportError(t) => BackendError::Unavailable(format!(
+        RpcError::Status(s) => {
+            let io = io_reason(s);
+            let message = match (&io, innermost(s)) {
+                // tonic's own status for a broken connection says only "transport error".
+                (None, Some(cause)) if cause != s.message() => {
+                    format!("{} ({cause})", s.message())
+                }
+                _ => s.message().to_owned(),
+            };
+            status_error(s.code() as i32, &message, io, at)
+        }
+        RpcError::Transport(t) => BackendError::Unavailable(format!(
             "cannot reach etcd at {at}: {}",
             io_reason(t).unwrap_or_else(|| "transport error".into())
         )),
-        E::InvalidArgs(_) | E::InvalidUri(_) | E::InvalidMetadataValue(_) => {
-            BackendError::Refused(format!("etcd at {at} cannot be used: {e}"))
+        RpcError::Invalid(what) => {
+            BackendError::Refused(format!("etcd at {at} cannot be used: {what}"))
         }
-        other => BackendError::Unavailable(format!("etcd at {at} failed: {other}")),
+        RpcError::Broken(what) => BackendError::Unavailable(format!("etcd at {at} failed: {what}")),
     }
 }
 
@@ -86,13 +96,22 @@ fn io_reason(top: &(dyn std::error::Error + 'static)) -> Option<String> {
     timed_out.then(|| "timed out".into())
 }
 
+/// The message of the last error in `top`'s chain of causes, if it has any.
+fn innermost(top: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cause = top.source()?;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    Some(cause.to_string())
+}
+
 /// True when the request cannot have reached the member: its connection was never
 /// made. Such a call is safe to send to another member.
-pub fn never_sent(e: &etcd_client::Error) -> bool {
+pub fn never_sent(e: &RpcError) -> bool {
     let top: &(dyn std::error::Error + 'static) = match e {
-        etcd_client::Error::GRpcStatus(s) => s,
-        etcd_client::Error::TransportError(t) => t,
-        _ => return false,
+        RpcError::Status(s) => s,
+        RpcError::Transport(t) => t,
+        RpcError::Invalid(_) | RpcError::Broken(_) => return false,
     };
     let mut cur = Some(top);
     while let Some(e) = cur {
@@ -110,11 +129,11 @@ pub fn never_sent(e: &etcd_client::Error) -> bool {
     false
 }
 
-/// True for etcd's answer that a lease does not exist (expired or revoked).
-pub fn is_lease_not_found(e: &etcd_client::Error) -> bool {
+/// True for etcd's answer that a lease does not exist (expired or revoked). A
+/// keep-alive says so with a TTL of 0 instead.
+pub fn is_lease_not_found(e: &RpcError) -> bool {
     match e {
-        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("lease not found"),
-        etcd_client::Error::GRpcStatus(s) => s.message().contains("requested lease not found"),
+        RpcError::Status(s) => s.message().contains("requested lease not found"),
         _ => false,
     }
 }
@@ -158,5 +177,48 @@ mod tests {
         );
         let e = status_error(code::INVALID_ARGUMENT, auth, None, "h:1").to_string();
         assert!(e.starts_with("etcd at h:1 refused authentication"), "{e}");
+    }
+
+    #[test]
+    fn a_broken_connection_is_described_by_its_cause() {
+        let describe_chain = |cause: Box<dyn std::error::Error + Send + Sync>| {
+            let transport = Chain("transport error", Some(cause));
+            let status = tonic::Status::from_error(Box::new(transport));
+            describe(&RpcError::Status(status), "h:1")
+        };
+        let h2 = Chain("connection error detected: frame with invalid size", None);
+        let want = "etcd at h:1 is not available: transport error (connection error \
+                    detected: frame with invalid size)";
+        assert_eq!(
+            describe_chain(Box::new(h2)),
+            BackendError::Unavailable(want.into())
+        );
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let want = "cannot reach etcd at h:1: connection closed";
+        assert_eq!(
+            describe_chain(Box::new(reset)),
+            BackendError::Unavailable(want.into())
+        );
+    }
+
+    /// An error with a message and maybe a cause, as the transport's errors are.
+    #[derive(Debug)]
+    struct Chain(
+        &'static str,
+        Option<Box<dyn std::error::Error + Send + Sync>>,
+    );
+
+    impl std::fmt::Display for Chain {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Chain {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1
+                .as_deref()
+                .map(|e| e as &(dyn std::error::Error + 'static))
+        }
     }
 }

@@ -40,28 +40,28 @@
 //!
 //! The client talks to one member at a time, made lazily. After any error or abandoned
 //! call it is dropped and the next call uses the next member; a call whose connection
-//! could not even be made is tried on the next member at once.
+//! could not even be made is tried on the next member at once. The gRPC client is
+//! lockrun's own ([`rpc`] over `tonic`, with the messages of [`wire`] written by hand),
+//! so building lockrun needs no `protoc`.
 
 mod errors;
 mod requests;
+mod rpc;
 mod target;
 mod value;
+mod wire;
 
-use std::future::Future;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
-
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
 
 use crate::backend::conn::{Connection, Slot};
 use crate::backend::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::config::BackendConfig;
 use errors::{describe, is_lease_not_found, never_sent};
+use rpc::{Client, RpcError};
 pub use target::{EtcdTarget, KIND};
 use value::{holder_value, new_lease_id};
-
-/// How long to try a TCP connection to one member before calling it unreachable.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+use wire::{Compare, RequestOp, TxnRequest};
 
 /// A lock backend on an etcd cluster.
 pub struct EtcdBackend {
@@ -129,20 +129,8 @@ impl EtcdBackend {
     }
 
     /// Connects to member `member` (with credentials, this authenticates).
-    async fn connect(&self, member: u64) -> Result<EtcdConn, (etcd_client::Error, u64)> {
-        let endpoint = format!("http://{}", self.member_name(member));
-        // `require_leader`: a member cut off from the others answers "no leader" instead
-        // of serving a stale watch or a keep-alive it cannot forward.
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(CONNECT_TIMEOUT)
-            .with_require_leader(true);
-        if let Some((user, password)) = &self.target.credentials {
-            // Tokens expire (5 minutes by default) while a long command runs.
-            options = options
-                .with_user(user.as_str(), password.as_str())
-                .with_auto_token_refresh(true);
-        }
-        Client::connect([endpoint], Some(options))
+    async fn connect(&self, member: u64) -> Result<EtcdConn, (RpcError, u64)> {
+        Client::connect(&self.target, self.member_name(member))
             .await
             .map(EtcdConn)
             .map_err(|e| (e, member))
@@ -151,17 +139,16 @@ impl EtcdBackend {
     /// Runs `op` on the client. Any failure drops the client; so does abandoning the
     /// call (the caller's timeout), since the connection may be hung. A call that never
     /// reached a member is tried once on each of the others.
-    async fn call<T, F, Fut>(&self, op: F) -> Result<T, BackendError>
-    where
-        F: Fn(Client) -> Fut,
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
-    {
+    async fn call<T>(
+        &self,
+        op: impl AsyncFn(&Client) -> Result<T, RpcError>,
+    ) -> Result<T, BackendError> {
         let mut tries = self.target.members.len().max(1);
         loop {
             let attempt = async {
                 let c = self.slot.get(|member| self.connect(member)).await?;
                 let member = c.generation();
-                let reply = op(c.0.clone()).await;
+                let reply = op(&c.0).await;
                 c.settle(reply).map_err(|e| (e, member))
             };
             match attempt.await {
@@ -190,22 +177,14 @@ impl Backend for EtcdBackend {
         self.local().lease = Some(ours.clone());
         let id = ours.id;
         self.grant(id, req.ttl).await?;
-        let take = Txn::new()
-            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key.as_str(),
-                ours.value.as_str(),
-                Some(PutOptions::new().with_lease(id)),
-            )])
-            .or_else([TxnOp::get(key.as_str(), None)]);
-        let reply = self
-            .call(|mut c| {
-                let txn = take.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
-        let revision = reply.header().map_or(0, |h| h.revision());
-        if reply.succeeded() {
+        let take = TxnRequest {
+            compare: vec![Compare::created_at(&key, 0)],
+            success: vec![RequestOp::put(&key, &ours.value, id)],
+            failure: vec![RequestOp::range(&key)],
+        };
+        let reply = self.call(async |c| c.txn(take.clone()).await).await?;
+        let revision = reply.header.as_ref().map_or(0, |h| h.revision);
+        if reply.succeeded {
             // The put's revision is the key's create_revision: the fencing token. An
             // answer without one cannot be handed to the command as a token: give the
             // lock back and refuse.
@@ -229,17 +208,17 @@ impl Backend for EtcdBackend {
         };
         let key = self.key(name);
         let id = ours.id;
-        let alive = self.call(|mut c| async move {
-            match c.lease_keep_alive(id).await {
-                Ok(_) => Ok(true),
-                Err(e) if is_lease_not_found(&e) => Ok(false),
-                Err(e) => Err(e),
-            }
+        let alive = self.call(async |c| match c.lease_keep_alive(id).await {
+            // TTL ≤ 0: the lease is gone.
+            Ok(ttl) => Ok(ttl > 0),
+            Err(e) if is_lease_not_found(&e) => Ok(false),
+            Err(e) => Err(e),
         });
-        let on_lease = self.call(|mut c| {
-            let check = Txn::new().when([Compare::lease(key.as_str(), CompareOp::Equal, id)]);
-            async move { c.txn(check).await.map(|r| r.succeeded()) }
-        });
+        let check = TxnRequest {
+            compare: vec![Compare::on_lease(&key, id)],
+            ..TxnRequest::default()
+        };
+        let on_lease = self.call(async |c| c.txn(check.clone()).await.map(|r| r.succeeded));
         // A definite loss from either answer wins over an error from the other.
         match tokio::join!(alive, on_lease) {
             (Ok(false), _) | (_, Ok(false)) => Err(BackendError::NotOwner),
@@ -280,24 +259,18 @@ impl Backend for EtcdBackend {
                 return Ok(None);
             };
             let holder = self.holder(&kv).await?;
-            let created = kv.create_revision();
-            let delete = Txn::new()
-                .when([Compare::create_revision(
-                    key.as_str(),
-                    CompareOp::Equal,
-                    created,
-                )])
-                .and_then([TxnOp::delete(key.as_str(), None)]);
+            let delete = TxnRequest {
+                compare: vec![Compare::created_at(&key, kv.create_revision)],
+                success: vec![RequestOp::delete(&key)],
+                failure: vec![],
+            };
             let deleted = self
-                .call(|mut c| {
-                    let txn = delete.clone();
-                    async move { c.txn(txn).await }
-                })
+                .call(async |c| c.txn(delete.clone()).await)
                 .await?
-                .succeeded();
+                .succeeded;
             if deleted {
-                if kv.lease() != 0 {
-                    let _ = self.revoke(kv.lease()).await;
+                if kv.lease != 0 {
+                    let _ = self.revoke(kv.lease).await;
                 }
                 return Ok(Some(holder));
             }

@@ -4,13 +4,12 @@
 
 use std::time::Duration;
 
-use etcd_client::{
-    Compare, CompareOp, EventType, KeyValue, LeaseGrantOptions, PutOptions, Txn, TxnOp,
-    TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
-};
-
 use super::errors::is_lease_not_found;
 use super::value::{holder_from, lease_secs, new_lease_id, ttl_secs, MAX_LEASE};
+use super::wire::{
+    Compare, EventType, FilterType, KeyValue, PutRequest, Request, RequestOp, Response, TxnRequest,
+    TxnResponse, WatchCreateRequest,
+};
 use super::{EtcdBackend, OurLease};
 use crate::backend::{Acquire, BackendError, Holder};
 
@@ -18,12 +17,10 @@ impl EtcdBackend {
     /// Revokes lease `id` (and so deletes the keys attached to it). False if the lease
     /// was already gone.
     pub(super) async fn revoke(&self, id: i64) -> Result<bool, BackendError> {
-        self.call(|mut c| async move {
-            match c.lease_revoke(id).await {
-                Ok(_) => Ok(true),
-                Err(e) if is_lease_not_found(&e) => Ok(false),
-                Err(e) => Err(e),
-            }
+        self.call(async |c| match c.lease_revoke(id).await {
+            Ok(()) => Ok(true),
+            Err(e) if is_lease_not_found(&e) => Ok(false),
+            Err(e) => Err(e),
         })
         .await
     }
@@ -36,15 +33,14 @@ impl EtcdBackend {
     /// The holder stored in `kv`, with the time left on its lease (0 for a key on no
     /// lease).
     pub(super) async fn holder(&self, kv: &KeyValue) -> Result<Holder, BackendError> {
-        let lease = kv.lease();
+        let lease = kv.lease;
         let ttl = if lease == 0 {
             0
         } else {
-            self.call(|mut c| async move { c.lease_time_to_live(lease, None).await })
+            self.call(async |c| c.lease_time_to_live(lease).await)
                 .await?
-                .ttl()
         };
-        Ok(holder_from(kv.value(), kv.create_revision(), ttl))
+        Ok(holder_from(&kv.value, kv.create_revision, ttl))
     }
 
     /// Like [`EtcdBackend::holder`], for a lock someone may wait for: a key on no lease
@@ -52,50 +48,39 @@ impl EtcdBackend {
     /// forever, so it is first put on a new lease of [`MAX_LEASE`], if it is still the
     /// key that was read (its value and create revision, the fencing token, stay).
     pub(super) async fn live_holder(&self, kv: &KeyValue) -> Result<Holder, BackendError> {
-        if kv.lease() != 0 {
+        if kv.lease != 0 {
             return self.holder(kv).await;
         }
         let id = new_lease_id();
         let ttl = ttl_secs(MAX_LEASE);
-        self.call(|mut c| async move {
-            c.lease_grant(ttl, Some(LeaseGrantOptions::new().with_id(id)))
-                .await
-        })
-        .await?;
-        let key = kv.key();
-        let attach = Txn::new()
-            .when([Compare::mod_revision(
-                key,
-                CompareOp::Equal,
-                kv.mod_revision(),
-            )])
-            .and_then([TxnOp::put(
-                key,
-                "",
-                Some(PutOptions::new().with_lease(id).with_ignore_value()),
-            )]);
+        self.call(async |c| c.lease_grant(id, ttl).await).await?;
+        let attach = TxnRequest {
+            compare: vec![Compare::modified_at(&kv.key, kv.mod_revision)],
+            success: vec![RequestOp::from(Request::Put(PutRequest {
+                key: kv.key.clone(),
+                value: Vec::new(),
+                lease: id,
+                ignore_value: true,
+            }))],
+            failure: vec![],
+        };
         let attached = self
-            .call(|mut c| {
-                let txn = attach.clone();
-                async move { c.txn(txn).await }
-            })
+            .call(async |c| c.txn(attach.clone()).await)
             .await
-            .map(|r| r.succeeded());
+            .map(|r| r.succeeded);
         if attached != Ok(true) {
             let _ = self.revoke(id).await;
         }
         // Changed since it was read: the next look finds out what it is now.
         let ttl = if attached? { ttl } else { 0 };
-        Ok(holder_from(kv.value(), kv.create_revision(), ttl))
+        Ok(holder_from(&kv.value, kv.create_revision, ttl))
     }
 
     /// The lock key as stored now, with the revision of the read.
     pub(super) async fn read(&self, key: &str) -> Result<(Option<KeyValue>, i64), BackendError> {
-        let reply = self
-            .call(|mut c| async move { c.get(key, None).await })
-            .await?;
-        let revision = reply.header().map_or(0, |h| h.revision());
-        Ok((reply.kvs().first().cloned(), revision))
+        let reply = self.call(async |c| c.range(key).await).await?;
+        let revision = reply.header.map_or(0, |h| h.revision);
+        Ok((reply.kvs.into_iter().next(), revision))
     }
 
     /// Revokes a lease left from an earlier try that failed part-way (its transaction
@@ -119,19 +104,18 @@ impl EtcdBackend {
         after: i64,
         deadline: tokio::time::Instant,
     ) -> Result<(), BackendError> {
-        self.call(|mut c| async move {
-            let options = WatchOptions::new()
-                .with_start_revision(after + 1)
-                .with_filters([WatchFilterType::NoPut]);
+        let create = WatchCreateRequest {
+            key: key.as_bytes().to_vec(),
+            start_revision: after + 1,
+            filters: vec![FilterType::NoPut as i32],
+        };
+        self.call(async |c| {
             let watch = async {
-                let mut stream = c.watch(key, Some(options)).await?;
+                let mut replies = c.watch(create.clone()).await?;
                 // A cancelled watch (its start was compacted away) also ends the wait.
-                while let Some(reply) = stream.message().await? {
-                    let deleted = reply
-                        .events()
-                        .iter()
-                        .any(|e| e.event_type() == EventType::Delete);
-                    if deleted || reply.canceled() {
+                while let Some(reply) = replies.message().await? {
+                    let deleted = reply.events.iter().any(|e| e.r#type() == EventType::Delete);
+                    if deleted || reply.canceled {
                         break;
                     }
                 }
@@ -154,25 +138,14 @@ impl EtcdBackend {
     ) -> Result<(), BackendError> {
         let id = new_lease_id();
         let secs = lease_secs(keep)?;
-        self.call(|mut c| async move {
-            c.lease_grant(secs, Some(LeaseGrantOptions::new().with_id(id)))
-                .await
-        })
-        .await?;
-        let move_key = Txn::new()
-            .when([Compare::lease(key, CompareOp::Equal, ours.id)])
-            .and_then([TxnOp::put(
-                key,
-                ours.value.as_str(),
-                Some(PutOptions::new().with_lease(id)),
-            )]);
-        let reply = self
-            .call(|mut c| {
-                let txn = move_key.clone();
-                async move { c.txn(txn).await }
-            })
-            .await;
-        let moved = matches!(reply, Ok(ref r) if r.succeeded());
+        self.call(async |c| c.lease_grant(id, secs).await).await?;
+        let move_key = TxnRequest {
+            compare: vec![Compare::on_lease(key, ours.id)],
+            success: vec![RequestOp::put(key, &ours.value, id)],
+            failure: vec![],
+        };
+        let reply = self.call(async |c| c.txn(move_key.clone()).await).await;
+        let moved = matches!(reply, Ok(ref r) if r.succeeded);
         if !moved {
             // Not ours any more (or no answer): the new lease is not needed.
             let _ = self.revoke(id).await;
@@ -191,17 +164,11 @@ impl EtcdBackend {
     /// so is a lease longer than [`MAX_LEASE`], before anything is granted.
     pub(super) async fn grant(&self, id: i64, ttl: Duration) -> Result<(), BackendError> {
         let ttl = lease_secs(ttl)?;
-        let granted = self
-            .call(|mut c| async move {
-                c.lease_grant(ttl, Some(LeaseGrantOptions::new().with_id(id)))
-                    .await
-            })
-            .await?;
-        if granted.ttl() < ttl {
+        let granted = self.call(async |c| c.lease_grant(id, ttl).await).await?;
+        if granted < ttl {
             return Err(BackendError::Refused(format!(
-                "etcd at {} granted a lease of {}s instead of {ttl}s: raise its maximum lease TTL",
+                "etcd at {} granted a lease of {granted}s instead of {ttl}s: raise its maximum lease TTL",
                 self.member(),
-                granted.ttl()
             )));
         }
         Ok(())
@@ -215,9 +182,9 @@ impl EtcdBackend {
         revision: i64,
         id: i64,
     ) -> Result<Acquire, BackendError> {
-        let kv = reply.op_responses().into_iter().find_map(|r| match r {
-            TxnOpResponse::Get(g) => g.kvs().first().cloned(),
-            _ => None,
+        let kv = reply.responses.into_iter().find_map(|r| match r.response {
+            Some(Response::Range(read)) => read.kvs.into_iter().next(),
+            None => None,
         });
         {
             let mut local = self.local();

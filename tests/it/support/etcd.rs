@@ -4,6 +4,7 @@
 //! does not depend on the code under test.
 
 use std::fs::{self, File};
+use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -120,8 +121,8 @@ impl EtcdServer {
         signal_pid(self.pid(), Signal::SIGCONT);
     }
 
-    /// Runs `etcdctl ARGS` against this server.
-    pub fn try_etcdctl(&self, args: &[&str]) -> Output {
+    /// `etcdctl ARGS` against this server, not started yet.
+    fn etcdctl_command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new("etcdctl");
         cmd.env("ETCDCTL_API", "3")
             .arg(format!("--endpoints=127.0.0.1:{}", self.port))
@@ -129,7 +130,13 @@ impl EtcdServer {
         if let Some(auth) = &self.auth {
             cmd.arg(format!("--user={auth}"));
         }
-        cmd.args(args)
+        cmd.args(args);
+        cmd
+    }
+
+    /// Runs `etcdctl ARGS` against this server.
+    pub fn try_etcdctl(&self, args: &[&str]) -> Output {
+        self.etcdctl_command(args)
             .stdin(Stdio::null())
             .output()
             .expect("run etcdctl")
@@ -195,6 +202,29 @@ impl EtcdServer {
         ]);
         self.etcdctl(&["auth", "enable"]);
         self.auth = Some(format!("root:{password}"));
+    }
+
+    /// Sets user `root`'s password again, to the same one: etcd forgets every token it
+    /// gave `root`, as when they expire.
+    pub fn forget_tokens(&self) {
+        let password = self.auth.as_ref().and_then(|a| a.split_once(':'));
+        let (_, password) = password.expect("authentication is not on");
+        let mut cmd = self.etcdctl_command(&["user", "passwd", "root", "--interactive=false"]);
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run etcdctl");
+        let mut stdin = child.stdin.take().expect("etcdctl's stdin");
+        writeln!(stdin, "{password}").expect("give etcdctl the password");
+        drop(stdin);
+        let out = child.wait_with_output().expect("run etcdctl");
+        assert!(
+            out.status.success(),
+            "etcdctl user passwd failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
