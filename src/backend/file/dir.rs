@@ -250,12 +250,16 @@ fn create_all(path: &Path) -> std::io::Result<()> {
 }
 
 fn dir_error(path: &Path, e: Errno) -> BackendError {
+    // O_NOFOLLOW | O_DIRECTORY on a symlink answers ENOTDIR (or ELOOP): tell which.
+    let symlink = || std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
     match e {
-        Errno::ELOOP => refused(
+        Errno::ELOOP | Errno::ENOTDIR if symlink() => refused(
             path,
             "it is a symbolic link; give the real directory's path",
         ),
-        Errno::ENOTDIR => refused(path, "it (or a directory on its path) is not a directory"),
+        Errno::ELOOP | Errno::ENOTDIR => {
+            refused(path, "it (or a directory on its path) is not a directory")
+        }
         Errno::EACCES | Errno::EPERM => refused(path, e.desc()),
         _ => unusable(path, e.desc()),
     }

@@ -33,6 +33,12 @@
 //! token is on disk before the command starts, so it increases across runs and
 //! reboots.
 //!
+//! The kernel drops a dead lockrun's lock as it closes its files, a moment *before*
+//! the exiting lockrun sends its command the parent-death SIGKILL. So a lock found
+//! with its last holder still named in the record (it never released: it crashed) on
+//! this host is taken only once that lockrun is gone or a zombie, its command killed
+//! (`crashed.rs`; at most 200 ms, in case the pid is not one of ours).
+//!
 //! **Release** writes the record without a holder (or, for `--hold-at-least`, with the
 //! hold's end, fsynced) and closes the file. **`release --force`** never loses the
 //! counter: under the record's guard it writes a new file with the same counter and no
@@ -50,6 +56,7 @@
 //! ([`wait_slice`]: at most 2 s) the waiter checks that the file it waits on is still
 //! the lock's, and waits for a `--hold-at-least` by sleeping.
 
+mod crashed;
 mod dir;
 mod lock;
 mod lockfile;
@@ -218,6 +225,11 @@ impl FileBackend {
         let now = now_ms();
         if let Some(kept) = record.holder(false, now) {
             return Ok(Some((Acquire::Busy(kept), None)));
+        }
+        if let Some(left) = &record.holder {
+            if left.hold_until_ms == 0 && left.host == stored_host(&req.host) {
+                crashed::wait_for_exit(left.pid).await;
+            }
         }
         let fencing_token = record.fencing.checked_add(1).ok_or_else(|| {
             BackendError::Refused(format!(

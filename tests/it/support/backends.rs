@@ -316,6 +316,22 @@ impl FileService {
         self.root.path().join("locks")
     }
 
+    /// `file://` and the lock directory.
+    pub fn lock_url(&self) -> String {
+        format!("file://{}", self.dir().display())
+    }
+
+    /// The lock file of `name` under the default prefix (`lockrun:`; `/` is `+`).
+    pub fn lock_file(&self, name: &str) -> PathBuf {
+        self.dir()
+            .join(format!("lockrun:={}", name.replace('/', "+")))
+    }
+
+    /// The temporary directory the lock directory is in.
+    pub fn root(&self) -> &std::path::Path {
+        self.root.path()
+    }
+
     fn away(&self) -> PathBuf {
         self.root.path().join("locks.away")
     }
@@ -329,7 +345,7 @@ impl Service for FileService {
         unreachable!("the file backend has no server, so no proxy")
     }
     fn url(&self) -> Option<String> {
-        Some(format!("file://{}", self.dir().display()))
+        Some(self.lock_url())
     }
     fn set_mode(&self, mode: Mode) {
         let (dir, away) = (self.dir(), self.away());
