@@ -83,7 +83,8 @@ impl FileBackend {
             return Ok(Some((Acquire::Busy(kept), None)));
         }
         if let Some(left) = &record.holder {
-            if left.hold_until_ms == 0 && left.host == stored_host(&req.host) {
+            let ours = left.host == stored_host(&req.host) && left.pid != req.pid;
+            if left.hold_until_ms == 0 && ours {
                 crashed::wait_for_exit(left.pid).await;
             }
         }

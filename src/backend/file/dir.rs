@@ -5,7 +5,9 @@
 //! lockrun often runs as root, so the directory must not be a way in: it must be a
 //! real directory (not a symlink to one), owned by the effective user (root's must be
 //! root's), and writable by no one else, who could otherwise swap a lock file for
-//! another (two holders at once) or for a link to a file of root's. Lock files are
+//! another (two holders at once) or for a link to a file of root's; and the directories
+//! above it must not let another user move it or swap it for another (one with lower
+//! counters). Lock files are
 //! opened with `openat` from the directory's descriptor, `O_NOFOLLOW`, created `0600`,
 //! and refused unless they are regular files of the same owner that no one else may
 //! write. Every descriptor is `O_CLOEXEC`: the command inherits none.
@@ -67,6 +69,7 @@ impl LockDir {
         };
         let meta = dir.metadata().map_err(|e| unusable(path, &e.to_string()))?;
         check_owner_and_mode(&meta, "it").map_err(|why| refused(path, &why))?;
+        check_ancestors(path).map_err(|why| refused(path, &why))?;
         Ok(Some(LockDir {
             dir,
             path: path.to_owned(),
@@ -216,6 +219,40 @@ fn check_owner_and_mode(meta: &std::fs::Metadata, what: &str) -> Result<(), Stri
         return Err(format!(
             "group or others may write {what} (mode {mode:04o}): chmod go-w it"
         ));
+    }
+    Ok(())
+}
+
+/// Refuses a lock directory that another user could move away or swap for another
+/// (one with lower counters): every directory above it, on the path as given and on
+/// the path it resolves to, must belong to root or the effective user, and be
+/// writable by group or others only if it is sticky (as `/tmp` is: there only an
+/// entry's owner may rename it).
+fn check_ancestors(path: &Path) -> Result<(), String> {
+    let euid = geteuid().as_raw();
+    let real = path.parent().and_then(|p| std::fs::canonicalize(p).ok());
+    let above = path.ancestors().skip(1);
+    for dir in above.chain(real.iter().flat_map(|r| r.ancestors())) {
+        // A symlink's own directory is checked as the next one up; its target, on the
+        // resolved path.
+        let Ok(meta) = std::fs::symlink_metadata(dir) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        let mode = meta.mode() & 0o7777;
+        let owner_ok = meta.uid() == 0 || meta.uid() == euid;
+        let sticky = mode & 0o1000 != 0;
+        if !owner_ok || (mode & 0o022 != 0 && !sticky) {
+            return Err(format!(
+                "{} above it (uid {}, mode {mode:04o}) would let another user move it; \
+                 use a directory whose parents belong to root or this user and only \
+                 their owner may write (or are sticky, as /tmp)",
+                dir.display(),
+                meta.uid()
+            ));
+        }
     }
     Ok(())
 }

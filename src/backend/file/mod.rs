@@ -343,7 +343,10 @@ impl Backend for FileBackend {
             if let Some(file) = local.busy.remove(name) {
                 let queued = local.waiters.get(name).is_some_and(|w| w.id() == file.id());
                 if !queued {
-                    local.waiters.insert(name.to_owned(), Waiter::start(file)?);
+                    // No thread (a process limit): the slices below still re-check.
+                    if let Ok(waiter) = Waiter::start(file) {
+                        local.waiters.insert(name.to_owned(), waiter);
+                    }
                 }
             }
             local.waiters.get(name).map(Waiter::signal)
@@ -354,7 +357,7 @@ impl Backend for FileBackend {
             Some(signal) => {
                 let _ = tokio::time::timeout(slice, signal.over()).await;
             }
-            // Kept by `--hold-at-least`: nothing to be woken by.
+            // Kept by `--hold-at-least` (nothing to be woken by), or no thread.
             None => tokio::time::sleep(slice).await,
         }
         Ok(())

@@ -76,6 +76,35 @@ fn a_directory_others_may_write_is_refused() {
 }
 
 #[test]
+fn a_directory_whose_parent_another_user_may_write_is_refused() {
+    let f = FileService::start();
+    // Group-writable, not sticky: a member of the group could swap the lock directory.
+    let parent = f.root().join("shared");
+    mkdir(&parent, 0o775);
+    refused(
+        &url(&parent.join("locks")),
+        "would let another user move it",
+    );
+    // A parent of another user's, reached through a symlink.
+    let theirs = f.root().join("theirs");
+    mkdir(&theirs, 0o755);
+    chown(&theirs, Some(NOBODY), None).unwrap();
+    mkdir(&theirs.join("locks"), 0o700);
+    symlink(&theirs, f.root().join("link")).unwrap();
+    refused(&url(&f.root().join("link/locks")), "uid 65534");
+    // Sticky, as /tmp: fine.
+    let sticky = f.root().join("sticky");
+    mkdir(&sticky, 0o1777);
+    let ok = run(lockrun_run(
+        &url(&sticky.join("locks")),
+        "job",
+        &[],
+        &["true"],
+    ));
+    ok.assert_code(0);
+}
+
+#[test]
 fn a_lock_file_that_is_a_symlink_is_refused_and_its_target_left_alone() {
     let f = FileService::start();
     mkdir(&f.dir(), 0o700);
