@@ -77,18 +77,64 @@ fn a_crashed_holders_lock_is_free_at_once_and_its_waiter_runs() {
     // A 30 s TTL: only the kernel freeing the lock explains a hand-off within a second.
     let cmd = lockrun_run(&f.lock_url(), "job", &["--ttl", "30s"], &sh(SLEEPER));
     let (mut h, pid) = spawn_recording_pid(cmd, &s, &reaper);
-    let mut w = waiter(&f, &s);
+    // The waiter's command first takes a snapshot of the crashed holder's command.
+    let mut w = lockrun_run(
+        &f.lock_url(),
+        "job",
+        &["--wait", "60s"],
+        &sh(r#"cat /proc/$OLD/stat /proc/$OLD/status > "$SNAP" 2>/dev/null; touch "$MARKER""#),
+    );
+    w.env("OLD", pid.to_string())
+        .env("SNAP", s.path("snap"))
+        .env("MARKER", s.path("marker"));
+    let mut w = spawn(w);
+    thread::sleep(Duration::from_millis(500));
+    assert!(
+        w.is_running() && !s.exists("marker"),
+        "the waiter did not wait"
+    );
     let killed = Instant::now();
     h.signal(Signal::SIGKILL);
     wait_until("the waiter ran", WAIT, || s.exists("marker"));
     let took = killed.elapsed();
-    wait_until("the crashed holder's command died", WAIT, || is_dead(pid));
     h.wait();
     w.wait().assert_code(0);
     assert!(
         took < Duration::from_secs(1),
         "the waiter ran {took:?} after the holder was killed"
     );
+    let snap = s.read("snap");
+    assert!(
+        !could_run(&snap),
+        "the waiter's command started while the crashed holder's command could still run:\n{snap}"
+    );
+}
+
+/// True if `snapshot` (`/proc/PID/stat`, then `/proc/PID/status`, as `cat` wrote them)
+/// shows a process that may still run code of its own: not gone, not a zombie, not
+/// exiting (`PF_EXITING`), without SIGKILL pending.
+fn could_run(snapshot: &str) -> bool {
+    let Some(stat) = snapshot.lines().next().filter(|l| !l.is_empty()) else {
+        return false;
+    };
+    // After "pid (comm)": state (field 3), ..., flags (field 9).
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let exiting = fields
+        .get(6)
+        .and_then(|f| f.parse::<u64>().ok())
+        .unwrap_or(0)
+        & 0x4
+        != 0;
+    let kill_pending = snapshot
+        .lines()
+        .filter(|l| l.starts_with("SigPnd:") || l.starts_with("ShdPnd:"))
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .any(|mask| u64::from_str_radix(mask, 16).unwrap_or(0) & (1 << 8) != 0);
+    !matches!(fields.first(), Some(&"Z") | Some(&"X")) && !exiting && !kill_pending
 }
 
 #[test]

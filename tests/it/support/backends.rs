@@ -31,6 +31,11 @@ pub trait Service: Send + Sync {
     /// What a proxy mode means for the service itself, besides its proxies (the file
     /// backend refuses a directory replaced by a file); nothing by default.
     fn set_mode(&self, _mode: Mode) {}
+    /// True if a crashed holder's lock is free at once (the file backend: the kernel
+    /// drops it with the holder's lockrun), not when its lease ends.
+    fn frees_crashed_locks_at_once(&self) -> bool {
+        false
+    }
     /// Options this backend needs besides `--url` (a table name, ...).
     fn options(&self) -> Vec<String> {
         Vec::new()
@@ -133,6 +138,11 @@ impl Backend {
         cmd.arg(subcommand).args(self.url_args());
         cmd.args(self.service.options()).args(args);
         cmd
+    }
+
+    /// See [`Service::frees_crashed_locks_at_once`].
+    pub fn frees_crashed_locks_at_once(&self) -> bool {
+        self.service.frees_crashed_locks_at_once()
     }
 
     /// True if `lockrun status` says `name` is held.
@@ -361,6 +371,9 @@ impl Service for FileService {
             }
             _ => {}
         }
+    }
+    fn frees_crashed_locks_at_once(&self) -> bool {
+        true
     }
     fn kill(&mut self) {}
     fn restart(&mut self) {}
