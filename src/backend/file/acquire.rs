@@ -12,9 +12,10 @@ use super::{millis, now_ms, FileBackend, Held};
 use crate::backend::{Acquire, AcquireRequest, BackendError};
 
 impl FileBackend {
-    /// The file to lock byte 0 of: the one a waiter was granted, or `file` if its byte 0
-    /// is free. `Err(file)`: busy (`file` to read the holder from; `queued`, in
-    /// [`Attempt::Busy`], says a waiter waits on it already).
+    /// What asking for byte 0 of `file` (just opened at the lock's path) gives: the
+    /// file a waiter of ours was granted (perhaps an older one: the caller checks),
+    /// `file` itself if its byte 0 was free, or busy (`queued`: a waiter of ours waits
+    /// on this very file already, so asking again would only conflict with it).
     pub(super) fn lock_or_busy(&self, name: &str, file: LockFile) -> Result<Attempt, BackendError> {
         let waiting = self.local().waiters.get(name).map(|w| (w.id(), w.take()));
         match waiting {
@@ -22,8 +23,6 @@ impl FileBackend {
                 self.local().waiters.remove(name);
                 return Ok(Attempt::Locked(granted));
             }
-            // Queued on this very file: asking again would only conflict with the
-            // waiter itself.
             Some((id, Found::Waiting)) if id == file.id() => {
                 return Ok(Attempt::Busy { file, queued: true })
             }
