@@ -13,6 +13,7 @@
 
 pub mod conn;
 pub mod etcd;
+pub mod file;
 pub mod postgres;
 pub mod redis;
 pub mod table;

@@ -6,7 +6,7 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use super::{etcd, postgres, redis, AnyBackend};
+use super::{etcd, file, postgres, redis, AnyBackend};
 use crate::cli::BackendArgs;
 use crate::config::{BackendConfig, ConfigError};
 
@@ -16,6 +16,7 @@ pub const KINDS: &[Kind] = &[
     redis::sentinel::KIND,
     postgres::KIND,
     etcd::KIND,
+    file::KIND,
 ];
 
 /// One kind of backend.

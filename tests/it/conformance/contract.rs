@@ -140,8 +140,9 @@ pub(super) fn waiter_takes_over_a_crashed_holders_lock(start: Start) {
     h.signal(Signal::SIGKILL);
     h.wait();
     wait_until("the command died with its lockrun", WAIT, || is_dead(pid));
+    // Where the lock dies with its holder (the file backend) the waiter may run already.
     assert!(
-        !s.exists("marker"),
+        b.frees_crashed_locks_at_once() || !s.exists("marker"),
         "the waiter ran while the lease was valid"
     );
     w.wait().assert_code(0);

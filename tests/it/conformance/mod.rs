@@ -1,7 +1,10 @@
 //! The backend conformance suite: SPEC's contract written once as tests and run against
 //! every backend (its own servers behind fault-injecting proxies, see
 //! `support::backends`). A backend is done when it passes all of them; a new one joins
-//! with one line at the bottom of this file.
+//! with one line at the bottom of this file. A backend with no server (the file
+//! backend) joins the second list: the contract, and of the faults only the definite
+//! loss (its lock broken by `release --force`); a server down, hung, killed or frozen
+//! means nothing for it.
 //!
 //! - `contract`: running, exclusion, busy and waiting, hand-off, crashes, renewal,
 //!   `--hold-at-least`, fencing, `status` and `release --force`, ownership, no lease
@@ -71,6 +74,12 @@ macro_rules! contract_tests {
         );
         contract_test!($start, contract::unreachable_backend_fails_closed);
         contract_test!($start, faults::definite_loss_stops_the_command);
+    };
+}
+
+/// Every fault test of a backend's servers, each run by [`contract_test`].
+macro_rules! server_fault_tests {
+    ($start:expr) => {
         contract_test!($start, faults::backend_down_kills_before_the_lease_expires);
         contract_test!($start, faults::backend_hung_kills_before_the_lease_expires);
         contract_test!($start, faults::server_killed_kills_before_the_lease_expires);
@@ -88,13 +97,22 @@ macro_rules! contract_test {
     };
 }
 
-/// Every contract test for each backend, in a module named after it.
+/// Every contract test for each backend, in a module named after it; after
+/// `no server:`, without the fault tests of servers.
 macro_rules! conformance {
+    (no server: $($backend:ident => $start:expr;)*) => {$(
+        mod $backend {
+            use super::*;
+
+            contract_tests!($start);
+        }
+    )*};
     ($($backend:ident => $start:expr;)*) => {$(
         mod $backend {
             use super::*;
 
             contract_tests!($start);
+            server_fault_tests!($start);
         }
     )*};
 }
@@ -105,4 +123,9 @@ conformance! {
     sentinel => SentinelService::start();
     postgres => Postgres::start();
     etcd => EtcdServer::start();
+}
+
+conformance! {
+    no server:
+    file => FileService::start();
 }

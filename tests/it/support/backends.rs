@@ -4,9 +4,14 @@
 //! and cut) and "hung" (blackhole) mean the same thing for every backend, and with hooks
 //! that kill and restart, or freeze and thaw, the servers themselves.
 //!
+//! A backend with no server (the file backend) has no ports, so no proxies: lockrun
+//! reaches it by [`Service::url`], and [`Service::set_mode`] says what a fault means
+//! for it, if anything.
+//!
 //! A new backend joins by implementing [`Service`] for its test server and adding one
 //! line to the suite.
 
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -14,10 +19,23 @@ use super::{lockrun, run, EtcdServer, Mode, PrivatePg, Proxy, RedisServer, Senti
 
 /// A lock service under test.
 pub trait Service: Send + Sync {
-    /// The ports lockrun connects to, one per server; each gets a proxy.
+    /// The ports lockrun connects to, one per server; each gets a proxy. None for a
+    /// backend with no server.
     fn ports(&self) -> Vec<u16>;
     /// The `--url` that reaches the server of `port` through the proxy on `via`.
     fn url_via(&self, via: u16) -> String;
+    /// The `--url` of a service with no ports, reached directly (no proxy).
+    fn url(&self) -> Option<String> {
+        None
+    }
+    /// What a proxy mode means for the service itself, besides its proxies (the file
+    /// backend refuses a directory replaced by a file); nothing by default.
+    fn set_mode(&self, _mode: Mode) {}
+    /// True if a crashed holder's lock is free at once (the file backend: the kernel
+    /// drops it with the holder's lockrun), not when its lease ends.
+    fn frees_crashed_locks_at_once(&self) -> bool {
+        false
+    }
     /// Options this backend needs besides `--url` (a table name, ...).
     fn options(&self) -> Vec<String> {
         Vec::new()
@@ -53,11 +71,18 @@ impl Backend {
         }
     }
 
-    /// `--url URL` for each server, through the proxies.
+    /// `--url URL` for each server, through the proxies (or the service's own URL).
     fn url_args(&self) -> Vec<String> {
-        self.proxies
-            .iter()
-            .flat_map(|p| ["--url".to_owned(), self.service.url_via(p.port())])
+        let urls: Vec<String> = match self.service.url() {
+            Some(url) => vec![url],
+            None => self
+                .proxies
+                .iter()
+                .map(|p| self.service.url_via(p.port()))
+                .collect(),
+        };
+        urls.into_iter()
+            .flat_map(|url| ["--url".to_owned(), url])
             .collect()
     }
 
@@ -66,9 +91,10 @@ impl Backend {
         self.proxies.iter().chain(self.service.inner_proxies())
     }
 
-    /// Sets every proxy's mode.
+    /// Sets every proxy's mode (and the service's own, see [`Service::set_mode`]).
     pub fn set_mode(&self, mode: Mode) {
         self.all_proxies().for_each(|p| p.set_mode(mode));
+        self.service.set_mode(mode);
     }
 
     /// Cuts every current connection of every proxy.
@@ -112,6 +138,11 @@ impl Backend {
         cmd.arg(subcommand).args(self.url_args());
         cmd.args(self.service.options()).args(args);
         cmd
+    }
+
+    /// See [`Service::frees_crashed_locks_at_once`].
+    pub fn frees_crashed_locks_at_once(&self) -> bool {
+        self.service.frees_crashed_locks_at_once()
     }
 
     /// True if `lockrun status` says `name` is held.
@@ -270,4 +301,82 @@ impl Service for EtcdServer {
     fn resume(&self) {
         EtcdServer::resume(self);
     }
+}
+
+/// The file backend: a lock directory in a temporary directory of the test's own. It
+/// has no server: nothing to proxy, kill or freeze (the fault tests do not run for it);
+/// [`Mode::Refuse`] puts a regular file where the lock directory was, so that lockrun
+/// cannot use it, and [`Mode::Pass`] puts the directory back.
+pub struct FileService {
+    root: tempfile::TempDir,
+}
+
+impl FileService {
+    /// A new, empty place for a lock directory (lockrun creates it).
+    pub fn start() -> FileService {
+        let root = tempfile::Builder::new()
+            .prefix("lockrun-file-")
+            .tempdir()
+            .expect("create a temporary directory");
+        FileService { root }
+    }
+
+    /// The lock directory.
+    pub fn dir(&self) -> PathBuf {
+        self.root.path().join("locks")
+    }
+
+    /// `file://` and the lock directory.
+    pub fn lock_url(&self) -> String {
+        format!("file://{}", self.dir().display())
+    }
+
+    /// The lock file of `name` under the default prefix (`lockrun:`; `/` is `+`).
+    pub fn lock_file(&self, name: &str) -> PathBuf {
+        self.dir()
+            .join(format!("lockrun:={}", name.replace('/', "+")))
+    }
+
+    /// The temporary directory the lock directory is in.
+    pub fn root(&self) -> &std::path::Path {
+        self.root.path()
+    }
+
+    fn away(&self) -> PathBuf {
+        self.root.path().join("locks.away")
+    }
+}
+
+impl Service for FileService {
+    fn ports(&self) -> Vec<u16> {
+        Vec::new()
+    }
+    fn url_via(&self, _via: u16) -> String {
+        unreachable!("the file backend has no server, so no proxy")
+    }
+    fn url(&self) -> Option<String> {
+        Some(self.lock_url())
+    }
+    fn set_mode(&self, mode: Mode) {
+        let (dir, away) = (self.dir(), self.away());
+        match mode {
+            Mode::Refuse if !away.exists() => {
+                std::fs::create_dir_all(&dir).expect("create the lock directory");
+                std::fs::rename(&dir, &away).expect("move the lock directory away");
+                std::fs::write(&dir, "not a directory\n").expect("write a file in its place");
+            }
+            Mode::Pass if away.exists() => {
+                std::fs::remove_file(&dir).expect("remove the file");
+                std::fs::rename(&away, &dir).expect("put the lock directory back");
+            }
+            _ => {}
+        }
+    }
+    fn frees_crashed_locks_at_once(&self) -> bool {
+        true
+    }
+    fn kill(&mut self) {}
+    fn restart(&mut self) {}
+    fn pause(&self) {}
+    fn resume(&self) {}
 }

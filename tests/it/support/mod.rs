@@ -7,7 +7,8 @@
 //!   and a fresh lock table in one); `tls` makes their certificates;
 //! - `proxy`: the fault-injecting TCP proxy (pass, blackhole, cut, refuse, latency, held
 //!   back requests, traffic watching); `clock`: the boot clock and a fake wall clock;
-//! - `backends`: every backend behind one interface, for the conformance suite;
+//! - `backends`: every backend behind one interface, for the conformance suite (the
+//!   file backend too, with no server: a temporary directory);
 //! - `history`: the one mutual-exclusion and fencing checker;
 //! - `serial`: which tests may run side by side.
 //!
@@ -33,7 +34,7 @@ mod tls;
 use std::net::TcpListener;
 use std::time::Duration;
 
-pub use backends::{Backend, Postgres, Quorum, SentinelService, Service};
+pub use backends::{Backend, FileService, Postgres, Quorum, SentinelService, Service};
 pub use clock::{boottime, FakeClock};
 pub use etcd::{etcd_key, EtcdServer};
 pub use history::{overlaps, reused_tokens, Sections, Span};

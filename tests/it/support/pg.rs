@@ -303,8 +303,11 @@ impl PrivatePg {
             .append(true)
             .open(data.join("postgresql.conf"))
             .expect("open postgresql.conf");
-        writeln!(conf, "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'")
-            .expect("write postgresql.conf");
+        writeln!(
+            conf,
+            "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'"
+        )
+        .expect("write postgresql.conf");
         pg.restart();
         pg
     }

@@ -1,0 +1,319 @@
+//! The lock directory: opened (and created if missing) without following a symlink,
+//! refused unless it is safe to keep locks in, and the lock files in it opened
+//! relative to it. Part of [`super`]; uses [`super::lockfile`] for the files.
+//!
+//! lockrun often runs as root, so the directory must not be a way in: it must be a
+//! real directory (not a symlink to one), owned by the effective user (root's must be
+//! root's), and writable by no one else, who could otherwise swap a lock file for
+//! another (two holders at once) or for a link to a file of root's; and the directories
+//! above it must not let another user move it or swap it for another (one with lower
+//! counters). Lock files are
+//! opened with `openat` from the directory's descriptor, `O_NOFOLLOW`, created `0600`,
+//! and refused unless they are regular files of the same owner that no one else may
+//! write. Every descriptor is `O_CLOEXEC`: the command inherits none.
+
+use std::fs::{DirBuilder, File};
+use std::io::{ErrorKind, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{openat, renameat, AtFlags, OFlag, AT_FDCWD};
+use nix::sys::stat::{fstatat, Mode};
+use nix::unistd::{geteuid, unlinkat, UnlinkatFlags};
+
+use super::lockfile::LockFile;
+use super::record::Record;
+use crate::backend::BackendError;
+
+/// An open, checked lock directory.
+pub struct LockDir {
+    dir: File,
+    path: PathBuf,
+    /// Device and inode of the directory opened.
+    id: (u64, u64),
+}
+
+/// How a lock file is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Open {
+    /// Read only (`status`); a missing file is `None`.
+    Read,
+    /// Read and write; a missing file is `None` (`release --force`).
+    Write,
+    /// Read and write, created if missing (acquire).
+    Create,
+}
+
+impl LockDir {
+    /// Opens and checks `path`; a missing directory is created (with its missing
+    /// parents, mode 0700, each fsynced into its parent) if `create`, else `None`.
+    pub fn open(path: &Path, create: bool) -> Result<Option<LockDir>, BackendError> {
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let fd = match openat(AT_FDCWD, path, flags, Mode::empty()) {
+            Err(Errno::ENOENT) if create => {
+                create_all(path).map_err(|e| match e.kind() {
+                    ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem => {
+                        refused(path, &format!("cannot create it: {e}"))
+                    }
+                    _ => unusable(path, &format!("cannot create it: {e}")),
+                })?;
+                openat(AT_FDCWD, path, flags, Mode::empty())
+            }
+            other => other,
+        };
+        let dir = match fd {
+            Ok(fd) => File::from(fd),
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(e) => return Err(dir_error(path, e)),
+        };
+        let meta = dir.metadata().map_err(|e| unusable(path, &e.to_string()))?;
+        check_owner_and_mode(&meta, "it").map_err(|why| refused(path, &why))?;
+        check_ancestors(path).map_err(|why| refused(path, &why))?;
+        Ok(Some(LockDir {
+            dir,
+            path: path.to_owned(),
+            id: (meta.dev(), meta.ino()),
+        }))
+    }
+
+    /// False if the directory's path now names another directory (or nothing): its
+    /// lock files are then not the ones other lockruns lock.
+    pub fn still_at_path(&self) -> Result<bool, BackendError> {
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(m) => Ok((m.dev(), m.ino()) == self.id),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(unusable(&self.path, &e.to_string())),
+        }
+    }
+
+    /// Opens the lock file `name` (see [`Open`]) and checks it.
+    pub fn open_lock(&self, name: &str, how: Open) -> Result<Option<LockFile>, BackendError> {
+        let base = OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+        let base = base
+            | match how {
+                Open::Read => OFlag::O_RDONLY,
+                Open::Write | Open::Create => OFlag::O_RDWR,
+            };
+        // Open what is there; create it only if nothing is (O_EXCL), so that we know
+        // whether the directory entry is new and must be fsynced.
+        for _ in 0..8 {
+            let (fd, created) = match openat(&self.dir, name, base, Mode::empty()) {
+                Ok(fd) => (fd, false),
+                Err(Errno::ENOENT) if how == Open::Create => {
+                    let excl = base | OFlag::O_CREAT | OFlag::O_EXCL;
+                    match openat(&self.dir, name, excl, Mode::from_bits_truncate(0o600)) {
+                        Ok(fd) => (fd, true),
+                        Err(Errno::EEXIST) => continue,
+                        Err(e) => return Err(self.file_error(name, e)),
+                    }
+                }
+                Err(Errno::ENOENT) => return Ok(None),
+                Err(e) => return Err(self.file_error(name, e)),
+            };
+            let file = File::from(fd);
+            let meta = file.metadata().map_err(|e| self.io(name, &e))?;
+            if !meta.file_type().is_file() {
+                return Err(self.refused_file(name, "it is not a regular file"));
+            }
+            check_owner_and_mode(&meta, "it").map_err(|why| self.refused_file(name, &why))?;
+            let id = (meta.dev(), meta.ino());
+            return Ok(Some(LockFile::new(file, id, created, self.show(name))));
+        }
+        Err(BackendError::Unavailable(format!(
+            "the lock file {} kept appearing and disappearing; try again",
+            self.show(name)
+        )))
+    }
+
+    /// True if `name` in the directory is still the file `lock` opened (not replaced by
+    /// `release --force`, removed, or swapped).
+    pub fn is_current(&self, name: &str, lock: &LockFile) -> Result<bool, BackendError> {
+        match fstatat(&self.dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok((st.st_dev, st.st_ino) == lock.id()),
+            Err(Errno::ENOENT) => Ok(false),
+            Err(e) => Err(self.io(name, &e.into())),
+        }
+    }
+
+    /// Makes the directory's entries durable (a new lock file, a rename).
+    pub fn sync(&self) -> Result<(), BackendError> {
+        self.dir
+            .sync_all()
+            .map_err(|e| unusable(&self.path, &format!("cannot fsync it: {e}")))
+    }
+
+    /// Replaces lock file `name` by one holding `record`, atomically: a new file (a
+    /// hidden, unpredictable name that no lock file can have), fsynced, renamed over
+    /// it, the directory fsynced.
+    pub fn replace(&self, name: &str, record: &Record) -> Result<(), BackendError> {
+        let tmp = format!(".lockrun-new-{}", crate::token::random_hex(8));
+        let flags =
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let fd = openat(
+            &self.dir,
+            tmp.as_str(),
+            flags,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(|e| self.file_error(&tmp, e))?;
+        let mut file = File::from(fd);
+        let written = file
+            .write_all(&record.to_bytes(0))
+            .and_then(|()| file.sync_all())
+            .map_err(|e| self.io(&tmp, &e))
+            .and_then(|()| {
+                renameat(&self.dir, tmp.as_str(), &self.dir, name)
+                    .map_err(|e| self.io(name, &e.into()))
+            });
+        if written.is_err() {
+            let _ = unlinkat(&self.dir, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
+        }
+        written.and_then(|()| self.sync())
+    }
+
+    /// `DIR/name`, for messages.
+    pub fn show(&self, name: &str) -> String {
+        self.path.join(name).display().to_string()
+    }
+
+    /// An I/O error on lock file `name`: may pass (a full disk, an I/O error).
+    pub fn io(&self, name: &str, e: &std::io::Error) -> BackendError {
+        BackendError::Unavailable(format!("cannot use the lock file {}: {e}", self.show(name)))
+    }
+
+    fn refused_file(&self, name: &str, why: &str) -> BackendError {
+        BackendError::Refused(format!(
+            "refusing the lock file {}: {why}; remove it (lockrun creates its own) or use \
+             another directory",
+            self.show(name)
+        ))
+    }
+
+    fn file_error(&self, name: &str, e: Errno) -> BackendError {
+        match e {
+            Errno::ELOOP => self.refused_file(name, "it is a symbolic link"),
+            Errno::EACCES | Errno::EPERM | Errno::EROFS => BackendError::Refused(format!(
+                "cannot open the lock file {}: {}",
+                self.show(name),
+                e.desc()
+            )),
+            _ => self.io(name, &e.into()),
+        }
+    }
+}
+
+/// Refuses a directory or file not owned by the effective user, or that group or
+/// others may write. `what` names it in the reason.
+fn check_owner_and_mode(meta: &std::fs::Metadata, what: &str) -> Result<(), String> {
+    let euid = geteuid().as_raw();
+    if meta.uid() != euid {
+        return Err(format!(
+            "{what} belongs to uid {}, not to this user (uid {euid}): only a directory and \
+             files of this user's may hold its locks (chown them)",
+            meta.uid()
+        ));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(format!(
+            "group or others may write {what} (mode {mode:04o}): chmod go-w it"
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a lock directory that another user could move away or swap for another
+/// (one with lower counters): every directory above it, on the path as given and on
+/// the path it resolves to, must belong to root or the effective user, and be
+/// writable by group or others only if it is sticky (as `/tmp` is: there only an
+/// entry's owner may rename it).
+fn check_ancestors(path: &Path) -> Result<(), String> {
+    let euid = geteuid().as_raw();
+    let real = path.parent().and_then(|p| std::fs::canonicalize(p).ok());
+    let above = path.ancestors().skip(1);
+    for dir in above.chain(real.iter().flat_map(|r| r.ancestors())) {
+        // A symlink's own directory is checked as the next one up; its target, on the
+        // resolved path.
+        let Ok(meta) = std::fs::symlink_metadata(dir) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        let mode = meta.mode() & 0o7777;
+        let owner_ok = meta.uid() == 0 || meta.uid() == euid;
+        let sticky = mode & 0o1000 != 0;
+        if !owner_ok || (mode & 0o022 != 0 && !sticky) {
+            return Err(format!(
+                "{} above it (uid {}, mode {mode:04o}) would let another user move it; \
+                 use a directory whose parents belong to root or this user and only \
+                 their owner may write (or are sticky, as /tmp)",
+                dir.display(),
+                meta.uid()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Creates `path` and its missing parents, mode 0700, fsyncing each new entry into
+/// its parent so that the directory (and the counters in it) survive a crash.
+fn create_all(path: &Path) -> std::io::Result<()> {
+    let mut missing = Vec::new();
+    let mut at = path;
+    while let Err(e) = std::fs::symlink_metadata(at) {
+        if e.kind() != ErrorKind::NotFound {
+            return Err(e);
+        }
+        missing.push(at);
+        at = match at.parent() {
+            Some(p) => p,
+            None => break,
+        };
+    }
+    for dir in missing.into_iter().rev() {
+        match DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => {}
+            // Another lockrun made it meanwhile: it is checked like any other.
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+        if let Some(parent) = dir.parent() {
+            File::open(parent)?.sync_all()?;
+        }
+    }
+    Ok(())
+}
+
+fn dir_error(path: &Path, e: Errno) -> BackendError {
+    // O_NOFOLLOW | O_DIRECTORY on a symlink answers ENOTDIR (or ELOOP): tell which.
+    let symlink = || std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    match e {
+        Errno::ELOOP | Errno::ENOTDIR if symlink() => refused(
+            path,
+            "it is a symbolic link; give the real directory's path",
+        ),
+        Errno::ELOOP | Errno::ENOTDIR => {
+            refused(path, "it (or a directory on its path) is not a directory")
+        }
+        Errno::EACCES | Errno::EPERM => refused(path, e.desc()),
+        _ => unusable(path, e.desc()),
+    }
+}
+
+/// A lock directory lockrun will not use, whatever happens: 125.
+fn refused(path: &Path, why: &str) -> BackendError {
+    BackendError::Refused(format!(
+        "refusing the lock directory {}: {why}",
+        path.display()
+    ))
+}
+
+/// A lock directory that cannot be used right now.
+fn unusable(path: &Path, why: &str) -> BackendError {
+    BackendError::Unavailable(format!(
+        "cannot use the lock directory {}: {why}",
+        path.display()
+    ))
+}

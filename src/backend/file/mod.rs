@@ -1,0 +1,373 @@
+//! The file backend (`file:///ABSOLUTE/DIR`): locks for one host, with no server. A
+//! lock is a kernel lock on a lock file in DIR, held by the holder's lockrun while its
+//! command runs.
+//!
+//! **What it is for**: one host (a single server, a laptop, a quick start): `flock(1)`
+//! with lockrun's kill on loss, `--max-runtime`, metrics, `--hold-at-least`, `status`
+//! and fencing tokens. Not a lock between hosts: a directory shared over NFS is not
+//! supported. It is chosen only by its URL; the default stays Redis.
+//!
+//! **Files**: lock `NAME` under `--key-prefix P` is the file `DIR/ENC(P)=ENC(NAME)`
+//! (`name.rs`: one file per pair, never hidden, never a path), holding a small text
+//! record (`record.rs`): the fencing counter and the holder (token, host, pid, start,
+//! TTL, `--hold-at-least` end). DIR is created if missing (0700); DIR and the files in
+//! it are refused unless they are safe from other users (`dir.rs`). Each lock file
+//! stays once made: one small file per name ever used.
+//!
+//! **The lock** is an open-file-description lock on byte 0 of the file (`lock.rs`): the
+//! kernel frees it when the holder's lockrun closes the file or dies, even by SIGKILL
+//! (its command is then killed by the parent-death signal), so a crashed holder's lock
+//! is free at once, not after the TTL. The lease lockrun counts still runs: each
+//! renewal checks, without any write, that DIR and the file at the lock's path are
+//! still the ones locked (`release --force` or a person may have replaced or removed
+//! it) and that it still holds our token; if not, that is a definite loss (124). A
+//! lockrun that is frozen keeps its lock (the kernel's lock has no expiry).
+//!
+//! **Acquire**: open (or create) the file, lock byte 0 without waiting (busy: read
+//! the record for the holder), then take the record's guard (byte 1), check that the
+//! file opened is still the one at the path (else it was replaced between the open
+//! and the lock: start again on the new one), read the record (a file that is not
+//! lockrun's is refused, its counter never reset), answer busy if `--hold-at-least` of
+//! the last holder still runs, else write the counter + 1 and ourselves, `fdatasync`
+//! (and fsync DIR if the file is new) and only then answer `Acquired`: the fencing
+//! token is on disk before the command starts, so it increases across runs and
+//! reboots.
+//!
+//! The kernel drops a dead lockrun's lock as it closes its files, a moment *before*
+//! the exiting lockrun sends its command the parent-death SIGKILL. So a lock found
+//! with its last holder still named in the record (it never released: it crashed) on
+//! this host is taken only once that lockrun is gone or a zombie, its command killed
+//! (`crashed.rs`; at most 200 ms, in case the pid is not one of ours).
+//!
+//! **Release** writes the record without a holder (or, for `--hold-at-least`, with the
+//! hold's end, fsynced) and closes the file. **`release --force`** never loses the
+//! counter: under the record's guard it writes a new file with the same counter and no
+//! holder and renames it over the lock file; the old holder's next renewal finds
+//! another file (124), new holders lock the new one. **`status`** only asks the
+//! kernel whether byte 0 is locked (`F_OFD_GETLK`) and reads the record under a shared
+//! guard, so it never makes a run find the lock busy. A held lock shows its holder's
+//! TTL as left (the holder renews continuously); a lock kept by `--hold-at-least`, the
+//! hold left (by the wall clock).
+//!
+//! **`--wait`** (`waiter.rs`): a thread blocks in `F_OFD_SETLKW` on the busy file and
+//! keeps the lock once the kernel grants it, for the next acquire to take: a release or
+//! a crash wakes a waiter at once, without polling. Waiters are not served first come
+//! first served (the kernel wakes them all; the first to run wins). Every wait slice
+//! ([`wait_slice`]: at most 2 s) the waiter checks that the file it waits on is still
+//! the lock's, and waits for a `--hold-at-least` by sleeping.
+
+mod acquire;
+mod crashed;
+mod dir;
+mod lock;
+mod lockfile;
+mod name;
+mod record;
+mod target;
+mod waiter;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::backend::{
+    wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release, MAX_LEASE,
+};
+use crate::config::BackendConfig;
+use acquire::{read_guarded, Attempt};
+use dir::{LockDir, Open};
+use lock::{is_locked, lock_record, Byte, Kind};
+use lockfile::LockFile;
+use record::{storable_token, Record};
+pub use target::{FileTarget, KIND};
+use waiter::Waiter;
+
+/// How many times an acquire or `release --force` starts again on a lock file that was
+/// replaced under it before giving up (each time means another `release --force`).
+const TRIES: usize = 8;
+
+/// A lock backend on a local directory.
+pub struct FileBackend {
+    path: PathBuf,
+    key_prefix: String,
+    /// The directory, once opened and checked.
+    dir: Mutex<Option<Arc<LockDir>>>,
+    local: Mutex<Local>,
+}
+
+/// What this lockrun has, per lock name; never locked across an await.
+#[derive(Default)]
+struct Local {
+    held: HashMap<String, Held>,
+    /// The file the last busy answer found locked, for a waiter to wait on.
+    busy: HashMap<String, LockFile>,
+    waiters: HashMap<String, Waiter>,
+}
+
+/// A lock we hold: the open file whose byte 0 is ours.
+struct Held {
+    token: String,
+    lock: LockFile,
+    record: Record,
+}
+
+impl FileBackend {
+    /// A backend on the directory `path`.
+    pub fn new(path: PathBuf, config: &BackendConfig) -> FileBackend {
+        FileBackend {
+            path,
+            key_prefix: config.key_prefix.clone(),
+            dir: Mutex::new(None),
+            local: Mutex::new(Local::default()),
+        }
+    }
+
+    fn local(&self) -> MutexGuard<'_, Local> {
+        self.local.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The lock file's name in the directory.
+    fn file_name(&self, name: &str) -> Result<String, BackendError> {
+        name::file_name(&self.key_prefix, name).ok_or_else(|| {
+            BackendError::Refused(
+                name::check_prefix(&self.key_prefix)
+                    .err()
+                    .unwrap_or_else(|| "the lock name is too long for a file name".into()),
+            )
+        })
+    }
+
+    /// The directory, opened and checked once; created if missing when `create`, else
+    /// `None` when missing.
+    fn dir(&self, create: bool) -> Result<Option<Arc<LockDir>>, BackendError> {
+        let mut cached = self.dir.lock().unwrap_or_else(PoisonError::into_inner);
+        if cached.is_none() {
+            *cached = LockDir::open(&self.path, create)?.map(Arc::new);
+        }
+        Ok(cached.clone())
+    }
+
+    /// The directory for an acquire: created if missing.
+    fn dir_for_lock(&self) -> Result<Arc<LockDir>, BackendError> {
+        self.dir(true)?.ok_or_else(|| {
+            BackendError::Unavailable(format!(
+                "the lock directory {} vanished as it was created",
+                self.path.display()
+            ))
+        })
+    }
+
+    /// Checks that `held` is still the lock: the directory and the file at its path are
+    /// the ones we locked, and the record holds our token. Anything else is a definite
+    /// loss ([`BackendError::NotOwner`]); an I/O error may pass.
+    fn check_ours(&self, file_name: &str, held: &Held) -> Result<(), BackendError> {
+        let dir = self.dir(false)?.ok_or(BackendError::NotOwner)?;
+        if !dir.still_at_path()? || !dir.is_current(file_name, &held.lock)? {
+            return Err(BackendError::NotOwner);
+        }
+        match held.lock.read() {
+            Ok(r) if r.holder.as_ref().is_some_and(|h| h.token == held.token) => Ok(()),
+            Ok(_) | Err(BackendError::Refused(_)) | Err(BackendError::NotOwner) => {
+                Err(BackendError::NotOwner)
+            }
+            Err(e @ BackendError::Unavailable(_)) => Err(e),
+        }
+    }
+
+    /// Our held lock of `name` with `token`, taken out of the table.
+    fn take_held(&self, name: &str, token: &str) -> Result<Held, BackendError> {
+        let mut local = self.local();
+        match local.held.remove(name) {
+            Some(h) if h.token == token => Ok(h),
+            Some(h) => {
+                local.held.insert(name.to_owned(), h);
+                Err(BackendError::NotOwner)
+            }
+            None => Err(BackendError::NotOwner),
+        }
+    }
+}
+
+/// The wall clock, ms since the Unix epoch.
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, millis)
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Backend for FileBackend {
+    async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
+        if req.ttl > MAX_LEASE {
+            return Err(BackendError::Refused(format!(
+                "a lease of {} is longer than the 24 h a lock may last: use a shorter --ttl",
+                humantime::format_duration(req.ttl)
+            )));
+        }
+        if !storable_token(&req.token) {
+            return Err(BackendError::Refused(
+                "the lock token cannot be stored".into(),
+            ));
+        }
+        let file_name = self.file_name(name)?;
+        let dir = self.dir_for_lock()?;
+        for _ in 0..TRIES {
+            let Some(file) = dir.open_lock(&file_name, Open::Create)? else {
+                continue;
+            };
+            let file = match self.lock_or_busy(name, file)? {
+                Attempt::Locked(file) => file,
+                Attempt::Busy { file, queued } => return self.busy(name, file, !queued).await,
+            };
+            match self.take(&dir, &file_name, file, req).await? {
+                Some((answer, Some(held))) => {
+                    self.local().held.insert(name.to_owned(), held);
+                    return Ok(answer);
+                }
+                // Kept by `--hold-at-least`: our lock on it goes with the file.
+                Some((answer, None)) => return Ok(answer),
+                None => continue,
+            }
+        }
+        Err(BackendError::Unavailable(format!(
+            "the lock file {} kept being replaced; try again",
+            dir.show(&file_name)
+        )))
+    }
+
+    async fn renew(&self, name: &str, token: &str, _ttl: Duration) -> Result<(), BackendError> {
+        // Nothing to extend: the kernel's lock lasts while we hold the file open. The
+        // check is what renewing means here.
+        let file_name = self.file_name(name)?;
+        let local = self.local();
+        match local.held.get(name) {
+            Some(held) if held.token == token => self.check_ours(&file_name, held),
+            _ => Err(BackendError::NotOwner),
+        }
+    }
+
+    async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
+        let file_name = self.file_name(name)?;
+        let held = self.take_held(name, token)?;
+        // Closing `held` (at the end, whatever happens) lets go of the kernel's lock.
+        match (how, self.check_ours(&file_name, &held)) {
+            (_, Err(BackendError::NotOwner)) => Err(BackendError::NotOwner),
+            (Release::Now, _) => {
+                // Not needed for the lock (closing frees it), so best effort: `status`
+                // and the next holder see a record without a holder.
+                let free = Record {
+                    fencing: held.record.fencing,
+                    holder: None,
+                };
+                if lock_record(held.lock.file(), Kind::Write).await.is_ok() {
+                    let _ = held.lock.write(&free);
+                }
+                Ok(())
+            }
+            (Release::KeepFor(_), Err(e)) => Err(e),
+            (Release::KeepFor(keep), Ok(())) => {
+                let mut kept = held.record.clone();
+                if let Some(h) = kept.holder.as_mut() {
+                    h.hold_until_ms = now_ms().saturating_add(millis(keep.min(MAX_LEASE)) + 1);
+                }
+                lock_record(held.lock.file(), Kind::Write)
+                    .await
+                    .map_err(|e| held.lock.io(&e.into()))?;
+                held.lock.write(&kept)?;
+                held.lock.sync()
+            }
+        }
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<Holder>, BackendError> {
+        let file_name = self.file_name(name)?;
+        let Some(dir) = self.dir(false)? else {
+            return Ok(None);
+        };
+        let Some(file) = dir.open_lock(&file_name, Open::Read)? else {
+            return Ok(None);
+        };
+        let locked = is_locked(file.file(), Byte::Holder).map_err(|e| file.io(&e.into()))?;
+        let record = read_guarded(&file).await?;
+        Ok(record.holder(locked, now_ms()))
+    }
+
+    async fn force_release(&self, name: &str) -> Result<Option<Holder>, BackendError> {
+        let file_name = self.file_name(name)?;
+        let Some(dir) = self.dir(false)? else {
+            return Ok(None);
+        };
+        for _ in 0..TRIES {
+            let Some(file) = dir.open_lock(&file_name, Open::Write)? else {
+                return Ok(None);
+            };
+            // Under the guard no acquirer is between its check of the file and its
+            // counter's write: the counter read here is the last one handed out.
+            lock_record(file.file(), Kind::Write)
+                .await
+                .map_err(|e| file.io(&e.into()))?;
+            if !dir.is_current(&file_name, &file)? {
+                continue;
+            }
+            let locked = is_locked(file.file(), Byte::Holder).map_err(|e| file.io(&e.into()))?;
+            let record = file.read()?;
+            let Some(holder) = record.holder(locked, now_ms()) else {
+                return Ok(None);
+            };
+            let free = Record {
+                fencing: record.fencing,
+                holder: None,
+            };
+            dir.replace(&file_name, &free)?;
+            return Ok(Some(holder));
+        }
+        Err(BackendError::Unavailable(format!(
+            "the lock file {} kept being replaced; try again",
+            dir.show(&file_name)
+        )))
+    }
+
+    async fn wait_for_release(
+        &self,
+        name: &str,
+        busy: &Holder,
+        max: Duration,
+    ) -> Result<(), BackendError> {
+        let slice = wait_slice(busy.ttl_left, max);
+        let signal = {
+            let mut local = self.local();
+            if let Some(file) = local.busy.remove(name) {
+                let queued = local.waiters.get(name).is_some_and(|w| w.id() == file.id());
+                if !queued {
+                    // No thread (a process limit): the slices below still re-check.
+                    if let Ok(waiter) = Waiter::start(file) {
+                        local.waiters.insert(name.to_owned(), waiter);
+                    }
+                }
+            }
+            local.waiters.get(name).map(Waiter::signal)
+        };
+        match signal {
+            // Granted (a release, or the holder's death) or the slice is over: either
+            // way the caller tries again.
+            Some(signal) => {
+                let _ = tokio::time::timeout(slice, signal.over()).await;
+            }
+            // Kept by `--hold-at-least` (nothing to be woken by), or no thread.
+            None => tokio::time::sleep(slice).await,
+        }
+        Ok(())
+    }
+
+    async fn stop_waiting(&self, name: &str) -> Result<(), BackendError> {
+        let mut local = self.local();
+        local.busy.remove(name);
+        // Dropping the waiter lets go of a lock granted to it.
+        local.waiters.remove(name);
+        Ok(())
+    }
+}
