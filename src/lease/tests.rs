@@ -406,7 +406,7 @@ fn random_schedules_never_kill_after_the_deadline() {
             let event = match (in_flight, rng.next() % 4) {
                 (Some(_), 0) => Event::RenewOk,
                 (Some(_), 1) => Event::RenewFailed,
-                (Some(_), 2) if rng.next() % 20 == 0 => Event::RenewLost,
+                (Some(_), 2) if rng.next().is_multiple_of(20) => Event::RenewLost,
                 _ => Event::Tick,
             };
             if event == Event::RenewOk {
