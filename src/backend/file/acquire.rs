@@ -2,6 +2,8 @@
 //! waiting), then, under the record's guard, the checks and the durable write of the
 //! next fencing token. Part of [`super`].
 
+use std::sync::OnceLock;
+
 use super::crashed;
 use super::dir::LockDir;
 use super::lock::{lock_record, try_lock, Byte, Kind};
@@ -87,7 +89,8 @@ impl FileBackend {
                 crashed::wait_for_exit(left.pid).await;
             }
         }
-        let fencing_token = record.fencing.checked_add(1).ok_or_else(|| {
+        let boot = boot_id();
+        let (fencing_token, reserved, durable) = record.next_token(boot).ok_or_else(|| {
             BackendError::Refused(format!(
                 "the fencing counter of {} is exhausted",
                 file.shown()
@@ -95,6 +98,8 @@ impl FileBackend {
         })?;
         let ours = Record {
             fencing: fencing_token,
+            reserved,
+            boot: boot.unwrap_or_default().to_owned(),
             holder: Some(HolderLine {
                 token: req.token.clone(),
                 host: stored_host(&req.host),
@@ -105,11 +110,13 @@ impl FileBackend {
             }),
         };
         file.write(&ours)?;
-        file.sync()?;
-        // A new entry (or one whose creator died before writing it) must survive a
-        // crash too, or the counter would start again from nothing.
-        if file.created() || record.fencing == 0 {
-            dir.sync()?;
+        if durable {
+            file.sync()?;
+            // A new entry (or one whose creator died before writing it) must survive
+            // a crash too, or the counter would start again from nothing.
+            if file.created() || record.reserved == 0 {
+                dir.sync()?;
+            }
         }
         let _ = try_lock(file.file(), Byte::Record, Kind::Unlock);
         let held = Held {
@@ -119,6 +126,22 @@ impl FileBackend {
         };
         Ok(Some((Acquire::Acquired { fencing_token }, Some(held))))
     }
+}
+
+/// This boot's id (Linux's `/proc/sys/kernel/random/boot_id`), read once; `None` if
+/// it cannot be read, and then every token is fsynced.
+fn boot_id() -> Option<&'static str> {
+    static BOOT: OnceLock<Option<String>> = OnceLock::new();
+    BOOT.get_or_init(|| {
+        let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+        let id = id.trim();
+        let ok = (1..=64).contains(&id.len())
+            && id
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f' | b'-'));
+        ok.then(|| id.to_owned())
+    })
+    .as_deref()
 }
 
 /// What locking byte 0 gave.

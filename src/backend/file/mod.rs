@@ -28,10 +28,15 @@
 //! file opened is still the one at the path (else it was replaced between the open
 //! and the lock: start again on the new one), read the record (a file that is not
 //! lockrun's is refused, its counter never reset), answer busy if `--hold-at-least` of
-//! the last holder still runs, else write the counter + 1 and ourselves, `fdatasync`
-//! (and fsync DIR if the file is new) and only then answer `Acquired`: the fencing
-//! token is on disk before the command starts, so it increases across runs and
-//! reboots.
+//! the last holder still runs, else write the next token and ourselves and only then
+//! answer `Acquired`. The token increases across runs and reboots without an fsync per
+//! run (`Record::next_token`): a block of 1024 tokens is reserved durably
+//! (`fdatasync`, and fsync DIR if the file is new) before any of them is handed out,
+//! and the record names the boot (Linux's boot id) that wrote it. Within that boot
+//! every process sees the last token written, fsynced or not (the page cache); a
+//! record from another boot (after a crash or a restart, or a directory from
+//! elsewhere) may have lost its unsynced tokens, so the next token starts above its
+//! reservation. Tokens jump by up to 1024 at a reboot; they never repeat.
 //!
 //! The kernel drops a dead lockrun's lock as it closes its files, a moment *before*
 //! the exiting lockrun sends its command the parent-death SIGKILL. So a lock found
@@ -260,8 +265,8 @@ impl Backend for FileBackend {
                 // Not needed for the lock (closing frees it), so best effort: `status`
                 // and the next holder see a record without a holder.
                 let free = Record {
-                    fencing: held.record.fencing,
                     holder: None,
+                    ..held.record.clone()
                 };
                 if lock_record(held.lock.file(), Kind::Write).await.is_ok() {
                     let _ = held.lock.write(&free);
@@ -319,8 +324,8 @@ impl Backend for FileBackend {
                 return Ok(None);
             };
             let free = Record {
-                fencing: record.fencing,
                 holder: None,
+                ..record.clone()
             };
             dir.replace(&file_name, &free)?;
             return Ok(Some(holder));

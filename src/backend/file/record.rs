@@ -7,6 +7,8 @@
 //! ```text
 //! lockrun lock file 1
 //! fencing_token 42
+//! reserved_through 1065    (every token up to here may have been handed out)
+//! boot_id 5c1f...          (the boot during which fencing_token was written, or -)
 //! token 5f0c...            (the holder's random token: proves ownership)
 //! host web-1
 //! pid 1234
@@ -14,6 +16,10 @@
 //! ttl_ms 30000             (the holder's --ttl: what status reports as left)
 //! hold_until_ms 0          (0, or the end of --hold-at-least, wall clock)
 //! ```
+//!
+//! `reserved_through` is durable (fsynced) before any token up to it is handed out;
+//! `fencing_token` is written without an fsync while the boot it names lasts (the page
+//! cache keeps it for every process of that boot). See [`Record::next_token`].
 //!
 //! The six holder lines are all there or none (a released or broken lock keeps only
 //! its counter). An empty file is a lock file whose creator died before writing it:
@@ -37,11 +43,19 @@ pub const MAX_LEN: usize = 4096;
 /// Records are padded to a multiple of this.
 const BLOCK: usize = 512;
 
+/// How many fencing tokens one fsync reserves.
+pub const RESERVE: u64 = 1024;
+
 /// A lock file's contents.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Record {
-    /// The last fencing token handed out for this lock (0: none yet).
+    /// The last fencing token handed out for this lock (0: none yet), as far as the
+    /// boot named by `boot` knows.
     pub fencing: u64,
+    /// No token above this was handed out; on disk (fsynced) before any token up to it.
+    pub reserved: u64,
+    /// The boot (Linux's boot id) during which `fencing` was written; empty: unknown.
+    pub boot: String,
     /// Who holds the lock, or keeps it for `--hold-at-least`.
     pub holder: Option<HolderLine>,
 }
@@ -67,7 +81,15 @@ pub struct HolderLine {
 impl Record {
     /// The file's text.
     pub fn to_text(&self) -> String {
-        let mut s = format!("{MAGIC}\nfencing_token {}\n", self.fencing);
+        let boot = if self.boot.is_empty() {
+            "-"
+        } else {
+            &self.boot
+        };
+        let mut s = format!(
+            "{MAGIC}\nfencing_token {}\nreserved_through {}\nboot_id {boot}\n",
+            self.fencing, self.reserved
+        );
         if let Some(h) = &self.holder {
             s.push_str(&format!(
                 "token {}\nhost {}\npid {}\nsince_ms {}\nttl_ms {}\nhold_until_ms {}\n",
@@ -111,6 +133,8 @@ impl Record {
             return Err(format!("its first line is not {MAGIC:?}"));
         }
         let fencing = number(field(lines.next(), "fencing_token")?)?;
+        let reserved = number(field(lines.next(), "reserved_through")?)?;
+        let boot = boot_value(field(lines.next(), "boot_id")?)?;
         let rest: Vec<&str> = lines.collect();
         let holder = match rest.as_slice() {
             [] => None,
@@ -130,7 +154,37 @@ impl Record {
         if holder.is_some() && fencing == 0 {
             return Err("it names a holder without a fencing token".to_owned());
         }
-        Ok(Record { fencing, holder })
+        Ok(Record {
+            fencing,
+            reserved,
+            boot,
+            holder,
+        })
+    }
+
+    /// The next fencing token, written during boot `boot` (`None`: unknown), and
+    /// whether the new record must be made durable (fsynced) before the token is
+    /// handed out.
+    ///
+    /// Within one boot, every process sees the last token written, fsynced or not (the
+    /// page cache), so the next is one more; only when it passes `reserved` is a new
+    /// block of [`RESERVE`] tokens reserved, durably. A record written during another
+    /// boot (the machine crashed or restarted since, or the directory came from
+    /// elsewhere) may have lost its last unsynced tokens, never its reservation: the
+    /// next token is above the reservation. An unknown boot fsyncs every time.
+    pub fn next_token(&self, boot: Option<&str>) -> Option<(u64, u64, bool)> {
+        let same_boot = boot.is_some_and(|b| !b.is_empty() && b == self.boot);
+        let last = if same_boot {
+            self.fencing
+        } else {
+            self.fencing.max(self.reserved)
+        };
+        let token = last.checked_add(1)?;
+        if same_boot && token <= self.reserved {
+            return Some((token, self.reserved, false));
+        }
+        let reserved = token.saturating_add(if boot.is_some() { RESERVE - 1 } else { 0 });
+        Some((token, reserved, true))
     }
 
     /// The holder as `status` and a busy answer show it: `locked` says the kernel
@@ -213,6 +267,18 @@ fn token_value(s: &str) -> Result<String, String> {
         .ok_or_else(|| "its token is malformed".to_owned())
 }
 
+/// A boot id as written: `-` (unknown), or 1 to 64 of `0-9 a-f -`.
+fn boot_value(s: &str) -> Result<String, String> {
+    if s == "-" {
+        return Ok(String::new());
+    }
+    let ok = (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f' | b'-'));
+    ok.then(|| s.to_owned())
+        .ok_or_else(|| "its boot_id is malformed".to_owned())
+}
+
 fn host_value(s: &str) -> Result<String, String> {
     (stored_host(s) == s)
         .then(|| s.to_owned())
@@ -226,6 +292,8 @@ mod tests {
     fn held() -> Record {
         Record {
             fencing: 42,
+            reserved: 1065,
+            boot: "5c1f0e7a-3b2d-4c8e-9f10-2a3b4c5d6e7f".into(),
             holder: Some(HolderLine {
                 token: "0123456789abcdef0123456789abcdef".into(),
                 host: "web-1".into(),
@@ -243,6 +311,8 @@ mod tests {
             held(),
             Record {
                 fencing: 7,
+                reserved: 7,
+                boot: String::new(),
                 holder: None,
             },
             Record::default(),
@@ -261,7 +331,9 @@ mod tests {
         assert_eq!(Record::parse(b""), Ok(Record::default()));
         let text = held().to_text();
         assert!(
-            text.starts_with("lockrun lock file 1\nfencing_token 42\ntoken "),
+            text.starts_with(
+                "lockrun lock file 1\nfencing_token 42\nreserved_through 1065\nboot_id 5c1f"
+            ),
             "{text}"
         );
     }
@@ -279,6 +351,9 @@ mod tests {
             good.replace("fencing_token 42", "fencing_token 18446744073709551616"),
             good.replace("fencing_token 42", "fencing_token 0"),
             good.replace("fencing_token 42", "fencing_token  42"),
+            good.replace("\nreserved_through 1065", ""),
+            good.replace("boot_id 5c1f", "boot_id 5C1F"),
+            good.replace("boot_id 5c1f", "boot_id  5c1f"),
             good.replace("pid 1234", "pid 0"),
             good.replace("pid 1234", "pid 4294967296"),
             good.replace("host web-1", "host web 1"),
@@ -317,10 +392,71 @@ mod tests {
         assert_eq!(r.holder(false, now + 1500), None);
         let free = Record {
             fencing: 3,
-            holder: None,
+            ..Record::default()
         };
         assert_eq!(free.holder(false, now), None);
         assert_eq!(free.holder(true, now), Some(Holder::default()));
+    }
+
+    #[test]
+    fn tokens_increase_and_survive_a_lost_unsynced_write() {
+        let (a, b) = (Some("aaaa-1"), Some("bbbb-2"));
+        let mut disk = Record::default();
+        let mut cache = Record::default();
+        let mut given = Vec::new();
+        let mut fsyncs = 0;
+        for round in 0..3 {
+            let boot = if round % 2 == 0 { a } else { b };
+            // A new boot finds what the disk kept: the last fsynced record.
+            cache = disk.clone();
+            for _ in 0..2500 {
+                let (token, reserved, durable) = cache.next_token(boot).unwrap();
+                cache = Record {
+                    fencing: token,
+                    reserved,
+                    boot: boot.unwrap().to_owned(),
+                    holder: None,
+                };
+                if durable {
+                    disk = cache.clone();
+                    fsyncs += 1;
+                }
+                given.push(token);
+            }
+        }
+        assert!(given.windows(2).all(|w| w[0] < w[1]), "tokens went back");
+        // Three per boot of 2500 tokens with blocks of 1024: 1, 1025, 2049.
+        assert_eq!(fsyncs, 9);
+        assert!(cache.fencing < 3 * 2500 + 3 * RESERVE);
+    }
+
+    #[test]
+    fn an_unknown_boot_fsyncs_every_token() {
+        let r = Record {
+            fencing: 5,
+            reserved: 5,
+            ..Record::default()
+        };
+        assert_eq!(r.next_token(None), Some((6, 6, true)));
+        let same = Record {
+            fencing: 5,
+            reserved: 9,
+            boot: "ab".into(),
+            holder: None,
+        };
+        assert_eq!(same.next_token(Some("ab")), Some((6, 9, false)));
+        assert_eq!(
+            same.next_token(Some("cd")),
+            Some((10, 10 + RESERVE - 1, true))
+        );
+        assert_eq!(same.next_token(None), Some((10, 10, true)));
+        let full = Record {
+            fencing: u64::MAX,
+            reserved: u64::MAX,
+            boot: "ab".into(),
+            holder: None,
+        };
+        assert_eq!(full.next_token(Some("ab")), None);
     }
 
     #[test]

@@ -191,6 +191,53 @@ fn tokens_keep_increasing_across_processes_and_a_copy_of_the_directory() {
     assert!(token_at(&f.lock_url()) > second);
 }
 
+/// A line `KEY VALUE` of the lock file of `name`.
+fn record_line(f: &FileService, name: &str, key: &str) -> String {
+    let text = fs::read_to_string(f.lock_file(name)).expect("read the lock file");
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ').map(str::to_owned))
+        .unwrap_or_else(|| panic!("no {key} line in {text:?}"))
+}
+
+/// What a crash and a reboot do to the lock file: the disk keeps the last fsynced
+/// record (the reservation), the tokens written after it without an fsync are lost, and
+/// the new boot has another boot id. The next token must still be larger than every
+/// token handed out before, and one token a run needs no fsync within a boot.
+#[test]
+fn after_a_reboot_tokens_start_above_the_durable_reservation() {
+    let f = FileService::start();
+    let first = token_at(&f.lock_url());
+    let reserved: u128 = parse_token(&record_line(&f, "job", "reserved_through"));
+    assert!(reserved > first, "the first token reserved no block: {reserved}");
+    let boot = fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    assert_eq!(record_line(&f, "job", "boot_id"), boot.trim());
+    let mut given = vec![first];
+    for _ in 0..3 {
+        given.push(token_at(&f.lock_url()));
+    }
+    assert!(given.windows(2).all(|w| w[0] < w[1]), "{given:?}");
+    assert_eq!(
+        parse_token(&record_line(&f, "job", "reserved_through")),
+        reserved,
+        "runs within the block reserved again"
+    );
+    // The crash: the disk has the first run's record; the reboot: another boot id.
+    let text = fs::read_to_string(f.lock_file("job")).unwrap();
+    let lost = text
+        .replace(
+            &format!("fencing_token {}\n", given[3]),
+            &format!("fencing_token {first}\n"),
+        )
+        .replace(boot.trim(), "00000000-0000-4000-8000-000000000000");
+    assert_ne!(lost, text);
+    fs::write(f.lock_file("job"), lost).unwrap();
+    let after = token_at(&f.lock_url());
+    assert!(
+        after > reserved,
+        "token {after} after the reboot; up to {reserved} may have been handed out"
+    );
+}
+
 #[test]
 fn names_differing_only_in_slash_colon_or_underscore_are_different_locks() {
     let f = FileService::start();
