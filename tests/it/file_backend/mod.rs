@@ -208,7 +208,10 @@ fn after_a_reboot_tokens_start_above_the_durable_reservation() {
     let f = FileService::start();
     let first = token_at(&f.lock_url());
     let reserved: u128 = parse_token(&record_line(&f, "job", "reserved_through"));
-    assert!(reserved > first, "the first token reserved no block: {reserved}");
+    assert!(
+        reserved > first,
+        "the first token reserved no block: {reserved}"
+    );
     let boot = fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
     assert_eq!(record_line(&f, "job", "boot_id"), boot.trim());
     let mut given = vec![first];
