@@ -18,6 +18,7 @@ pub mod postgres;
 pub mod redis;
 pub mod table;
 pub mod tls;
+pub mod zookeeper;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -6,7 +6,7 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use super::{etcd, file, postgres, redis, AnyBackend};
+use super::{etcd, file, postgres, redis, zookeeper, AnyBackend};
 use crate::cli::BackendArgs;
 use crate::config::{BackendConfig, ConfigError};
 
@@ -17,6 +17,7 @@ pub const KINDS: &[Kind] = &[
     postgres::KIND,
     etcd::KIND,
     file::KIND,
+    zookeeper::KIND,
 ];
 
 /// One kind of backend.
