@@ -31,6 +31,7 @@
 //! - a grant *above* `--ttl` (the server's minimum is higher) leaves lockrun's deadline
 //!   earlier than the server's expiry, which is safe; only a crashed holder's lock lasts
 //!   up to the granted value (the queue node records it, and `status` shows it).
+//!
 //! A renewal is an explicit request: `sync` (which a follower must pass to the leader,
 //! so a server cut off from the quorum cannot answer it) then an `exists` of our node,
 //! both touching the session. A node that is gone or owned by another session, or an
@@ -38,7 +39,12 @@
 //! transient and retried until the deadline. The client library also pings the server
 //! on its own while idle; that only lengthens the server's session, never lockrun's
 //! deadline. A disconnected client reconnects (to another server of the list) within
-//! the session; lockrun's deadline does not wait for it.
+//! the session; lockrun's deadline does not wait for it. One bound is ZooKeeper's own:
+//! the leader expires sessions, and a follower passes on the heartbeats it received at
+//! the leader's next ping (every half `tickTime`); a follower cut off from the leader
+//! just after answering a renewal leaves the leader a heartbeat up to that much older
+//! (plus the client's idle ping period, 3/20 of the timeout). Keep `tickTime` small
+//! against `--ttl` in ensembles (README).
 //!
 //! **`--hold-at-least`**: a session cannot outlive the process, so the release moves
 //! the lock, in one multi-request (atomic), from our queue node to a persistent `hold`
