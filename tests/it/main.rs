@@ -34,3 +34,4 @@ mod soak;
 mod supervisor;
 mod support;
 mod tls;
+mod zookeeper;

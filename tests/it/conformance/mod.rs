@@ -123,6 +123,7 @@ conformance! {
     sentinel => SentinelService::start();
     postgres => Postgres::start();
     etcd => EtcdServer::start();
+    zookeeper => ZkServer::start();
 }
 
 conformance! {

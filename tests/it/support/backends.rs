@@ -380,3 +380,25 @@ impl Service for FileService {
     fn pause(&self) {}
     fn resume(&self) {}
 }
+
+/// ZooKeeper: its own standalone server, keeping its data across a restart.
+impl Service for super::ZkServer {
+    fn ports(&self) -> Vec<u16> {
+        vec![self.port()]
+    }
+    fn url_via(&self, via: u16) -> String {
+        format!("zk://127.0.0.1:{via}")
+    }
+    fn kill(&mut self) {
+        super::ZkServer::kill(self);
+    }
+    fn restart(&mut self) {
+        super::ZkServer::restart(self);
+    }
+    fn pause(&self) {
+        super::ZkServer::pause(self);
+    }
+    fn resume(&self) {
+        super::ZkServer::resume(self);
+    }
+}

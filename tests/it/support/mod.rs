@@ -30,6 +30,7 @@ mod scratch;
 mod sentinel;
 mod serial;
 mod tls;
+mod zookeeper;
 
 use std::net::TcpListener;
 use std::time::Duration;
@@ -46,6 +47,7 @@ pub use scratch::{wait_line, wait_pid, Scratch};
 pub use sentinel::Sentinel;
 pub use serial::alone;
 pub use tls::TlsFiles;
+pub use zookeeper::{ZkEnsemble, ZkServer};
 
 /// Upper bound for waits that should finish in well under a second on an idle machine.
 pub const WAIT: Duration = Duration::from_secs(20);
