@@ -3,3 +3,241 @@
 //! the server grants, a session the server expired, 50 waiters served in order with
 //! one watch each, a 3-member ensemble losing its leader, digest authentication and
 //! the chroot. The contract every backend keeps is tested in the conformance suite.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::support::*;
+
+/// The queue nodes of lock `name` under the default prefix, as `dump` lists them.
+fn queue_nodes(zk: &ZkServer, name: &str) -> Vec<String> {
+    let dir = format!("/lockrun:/{}/lock-", name.replace('/', "%2F"));
+    zk.ephemerals()
+        .into_iter()
+        .filter(|p| p.starts_with(&dir))
+        .collect()
+}
+
+#[test]
+fn the_holder_is_one_queue_node_and_busy_runs_leave_nothing() {
+    let zk = ZkServer::start();
+    let s = Scratch::new();
+    let (mut holder, _) = start_holder(&zk.url(), "team/job", &s, &["--ttl", "30s"]);
+    let nodes = queue_nodes(&zk, "team/job");
+    assert_eq!(nodes.len(), 1, "the holder's node: {:?}", zk.ephemerals());
+    // lock-<32 hex digits of token>-<10 digits of sequence>
+    let name = nodes[0].rsplit('/').next().unwrap();
+    let parts: Vec<&str> = name.split('-').collect();
+    assert_eq!(parts.len(), 3, "{name}");
+    assert_eq!((parts[1].len(), parts[2].len()), (32, 10), "{name}");
+    run(lockrun_run(&zk.url(), "team/job", &[], &["true"])).assert_failure(75);
+    let f = run(lockrun_run(
+        &zk.url(),
+        "team/job",
+        &["--wait", "300ms"],
+        &["true"],
+    ));
+    f.assert_failure(75);
+    assert_eq!(
+        queue_nodes(&zk, "team/job"),
+        nodes,
+        "a busy run left a node behind"
+    );
+    s.touch("go");
+    holder.wait().assert_code(0);
+    assert!(zk.ephemerals().is_empty(), "left: {:?}", zk.ephemerals());
+}
+
+#[test]
+fn a_ttl_above_the_servers_maximum_is_refused_and_one_below_its_minimum_raised() {
+    let zk = ZkServer::start();
+    let s = Scratch::new();
+    let mut cmd = lockrun_run(&zk.url(), "job", &["--ttl", "2m"], &sh(r#"touch "$MARK""#));
+    cmd.env("MARK", s.path("mark"));
+    let f = run(cmd);
+    f.assert_failure(125);
+    let line = f.lockrun_line().unwrap();
+    assert!(
+        line.contains("maxSessionTimeout") && line.contains("--ttl 1m"),
+        "the refusal does not name the limit and the fix: {line}"
+    );
+    assert!(!s.exists("mark"), "the command ran");
+    assert!(zk.ephemerals().is_empty(), "left: {:?}", zk.ephemerals());
+    // 800 ms is below the server's 1 s minimum: the server keeps the session longer,
+    // lockrun's own deadline stays the shorter one.
+    let opts = ["--ttl", "800ms", "--wait", "10s"];
+    run(lockrun_run(&zk.url(), "job", &opts, &sh("sleep 1"))).assert_code(0);
+}
+
+#[test]
+fn a_session_the_server_expired_while_lockrun_was_frozen_is_a_loss() {
+    let zk = ZkServer::start();
+    let s = Scratch::new();
+    let reaper = Reaper::default();
+    let cmd = lockrun_run(&zk.url(), "job", &["--ttl", "2s"], &sh(SLEEPER));
+    let (mut lr, pid) = spawn_recording_pid(cmd, &s, &reaper);
+    assert_eq!(queue_nodes(&zk, "job").len(), 1);
+    // Frozen, lockrun sends no heartbeat: the server expires its session, and the lock
+    // node with it.
+    lr.signal(Signal::SIGSTOP);
+    wait_until("the server expired the session", WAIT, || {
+        queue_nodes(&zk, "job").is_empty()
+    });
+    let resumed = Instant::now();
+    lr.signal(Signal::SIGCONT);
+    let f = lr.wait_for(Duration::from_secs(10));
+    f.assert_failure(124);
+    assert!(is_dead(pid), "the command outlived its lockrun");
+    assert!(
+        resumed.elapsed() < Duration::from_secs(2),
+        "lockrun took {:?} to stop the command after it woke",
+        resumed.elapsed()
+    );
+    assert!(f.stderr.contains("stopped the command"), "{}", f.stderr);
+    run(lockrun_run(&zk.url(), "job", &[], &["true"])).assert_code(0);
+}
+
+#[test]
+fn fifty_waiters_are_served_in_order_with_one_watch_each() {
+    const WAITERS: usize = 50;
+    alone();
+    let zk = ZkServer::start();
+    let s = Scratch::new();
+    let (mut holder, first) = start_holder(&zk.url(), "job", &s, &["--ttl", "30s"]);
+    let mut waiters = Vec::new();
+    for i in 0..WAITERS {
+        let mut cmd = lockrun_run(
+            &zk.url(),
+            "job",
+            &["--wait", "120s"],
+            &sh(r#"echo "$LOCKRUN_FENCING_TOKEN" >> "$OUT""#),
+        );
+        cmd.env("OUT", s.path("order"));
+        waiters.push(spawn(cmd));
+        // Queue one at a time, so that the order of arrival is known.
+        wait_until("the waiter queued", WAIT, || {
+            queue_nodes(&zk, "job").len() == i + 2
+        });
+    }
+    // Every waiter watches the one node just ahead of it, and nothing else.
+    let watches = wait_watching(&zk, WAITERS);
+    let mut paths: Vec<&String> = watches.iter().flatten().collect();
+    assert!(
+        watches.iter().all(|w| w.len() == 1),
+        "a waiter watches more than one node: {watches:?}"
+    );
+    paths.sort();
+    paths.dedup();
+    assert_eq!(
+        paths.len(),
+        WAITERS,
+        "two waiters watch one node: {watches:?}"
+    );
+
+    let go = Instant::now();
+    s.touch("go");
+    holder.wait().assert_code(0);
+    for w in &mut waiters {
+        w.wait_for(Duration::from_secs(60)).assert_code(0);
+    }
+    let handoffs = go.elapsed();
+    let order: Vec<u128> = s.read("order").lines().map(parse_token).collect();
+    assert_eq!(order.len(), WAITERS);
+    // A waiter's token is its node's creation zxid: increasing tokens in the order the
+    // commands ran is the order of arrival.
+    assert!(
+        first < order[0] && order.windows(2).all(|w| w[0] < w[1]),
+        "not served in order of arrival: {first} then {order:?}"
+    );
+    assert!(
+        handoffs < Duration::from_secs(20),
+        "50 hand-offs took {handoffs:?}"
+    );
+    assert!(zk.ephemerals().is_empty(), "left: {:?}", zk.ephemerals());
+}
+
+/// The watches of the sessions that watch anything, once `n` of them do.
+fn wait_watching(zk: &ZkServer, n: usize) -> Vec<Vec<String>> {
+    let mut watches = Vec::new();
+    wait_until("every waiter watches", WAIT, || {
+        watches = zk.watches();
+        watches.len() >= n
+    });
+    assert_eq!(
+        watches.len(),
+        n,
+        "more sessions watch than wait: {watches:?}"
+    );
+    watches
+}
+
+#[test]
+fn the_leader_killed_while_a_lock_is_held_keeps_it_or_stops_the_command_in_time() {
+    const TTL: Duration = Duration::from_secs(8);
+    let mut ens = ZkEnsemble::start();
+    let url = ens.url();
+    let s = Scratch::new();
+    let opts = ["--ttl", "8s", "--renew-every", "1s"];
+    let (mut lr, before) = start_holder(&url, "job", &s, &opts);
+    let pid = wait_pid_of_holder(&lr);
+    let at = Instant::now();
+    ens.leader().kill();
+    // Until the lease could have expired, the holder either still runs under the lock
+    // or has been stopped; past it, only a holder that renewed through the new leader
+    // may still run.
+    while at.elapsed() < TTL {
+        if let Some(f) = lr.try_finish() {
+            eprintln!(
+                "the holder was stopped {:?} after the leader died",
+                at.elapsed()
+            );
+            f.assert_failure(124);
+            assert!(is_dead(pid), "the command outlived its stopped lockrun");
+            break;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    if lr.is_running() {
+        eprintln!("the holder kept the lock through the election");
+        let mut status = lockrun();
+        status.args(["status", "--json", "--url", &url, "job"]);
+        let f = run(status);
+        let v: serde_json::Value = serde_json::from_str(f.stdout.trim()).expect("JSON");
+        assert_eq!(
+            v["pid"].as_u64(),
+            Some(lr.pid() as u64),
+            "the holder lost the lock: {v}"
+        );
+        s.touch("go");
+        lr.wait().assert_code(0);
+    }
+    let f = run(lockrun_run(
+        &url,
+        "job",
+        &["--wait", "30s"],
+        &sh(r#"echo "$LOCKRUN_FENCING_TOKEN""#),
+    ));
+    let after = parse_token(f.assert_code(0).stdout.trim());
+    assert!(
+        after > before,
+        "the token after the new leader ({after}) is not above {before}"
+    );
+}
+
+/// The pid of a [`start_holder`] lockrun's command (its only child).
+fn wait_pid_of_holder(lr: &Running) -> i32 {
+    let children = format!("/proc/{0}/task/{0}/children", lr.pid());
+    let mut pid = 0;
+    wait_until("the holder's command has a pid", WAIT, || {
+        pid = std::fs::read_to_string(&children)
+            .unwrap_or_default()
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        pid > 0
+    });
+    pid
+}

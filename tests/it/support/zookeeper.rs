@@ -6,7 +6,7 @@
 //! The tests look at the servers with ZooKeeper's four-letter commands (`srvr`, `dump`,
 //! `wchc`), not with lockrun's client, so what they see does not depend on the code
 //! under test. `tickTime` is 200 ms so that the conformance suite's 2 s sessions are
-//! granted (the server grants 2 to 300 ticks: 400 ms to 60 s).
+//! granted (the server grants 1 s to 60 s).
 
 use std::fs;
 use std::io::{Read, Write};
@@ -77,7 +77,7 @@ impl ZkServer {
     fn config(&self) -> String {
         let mut cfg = format!(
             "tickTime=200\ninitLimit=20\nsyncLimit=5\ndataDir={}\nclientPort={}\n\
-             clientPortAddress=127.0.0.1\nminSessionTimeout=400\nmaxSessionTimeout=60000\n\
+             clientPortAddress=127.0.0.1\nminSessionTimeout=1000\nmaxSessionTimeout=60000\n\
              4lw.commands.whitelist=*\nadmin.enableServer=false\n",
             self.dir.join("data").display(),
             self.port
@@ -188,16 +188,6 @@ impl ZkServer {
             .unwrap_or_else(|e| panic!("could not restart ZooKeeper on port {}: {e}", self.port));
     }
 
-    /// Starts the killed server again on the same port with no data: every session
-    /// and node it had is gone.
-    pub fn restart_empty(&mut self) {
-        self.kill();
-        let data = self.dir.join("data");
-        let _ = fs::remove_dir_all(&data);
-        fs::create_dir_all(&data).expect("create the ZooKeeper data dir");
-        self.restart();
-    }
-
     /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
     pub fn pause(&self) {
         signal_pid(self.pid(), Signal::SIGSTOP);
@@ -302,11 +292,6 @@ impl ZkEnsemble {
             assert!(start.elapsed() < WAIT, "no member leads");
             std::thread::sleep(Duration::from_millis(50));
         }
-    }
-
-    /// Every member.
-    pub fn servers(&mut self) -> &mut [ZkServer] {
-        &mut self.servers
     }
 }
 
