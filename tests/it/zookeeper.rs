@@ -241,3 +241,79 @@ fn wait_pid_of_holder(lr: &Running) -> i32 {
     });
     pid
 }
+
+#[test]
+fn digest_authentication_guards_the_lock_and_the_password_is_never_shown() {
+    let zk = ZkServer::start();
+    let url = format!("zk://app:s3cret-pw@127.0.0.1:{}", zk.port());
+    let s = Scratch::new();
+    // The URL in the environment, where it does not show in `ps`.
+    let mut cmd = lockrun();
+    let script = r#"echo "$LOCKRUN_URL" > "$OUT"; touch "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.02; done"#;
+    cmd.env("LOCKRUN_URL", &url)
+        .args(["job", "--"])
+        .args(sh(script));
+    cmd.env("OUT", s.path("url"))
+        .env("STARTED", s.path("started"))
+        .env("GO", s.path("go"));
+    let mut holder = spawn(cmd);
+    wait_until("the command started", WAIT, || s.exists("started"));
+    assert_eq!(
+        s.read("url").trim(),
+        format!("zk://app@127.0.0.1:{}", zk.port()),
+        "the command got the password"
+    );
+
+    let status = |url: &str, password: Option<&str>| {
+        let mut cmd = lockrun();
+        cmd.args(["status", "--url", url, "job"]);
+        if let Some(p) = password {
+            cmd.env("LOCKRUN_PASSWORD", p);
+        }
+        run(cmd)
+    };
+    status(&url, None).assert_code(0);
+    let user = format!("zk://app@127.0.0.1:{}", zk.port());
+    status(&user, Some("s3cret-pw")).assert_code(0);
+    for f in [status(&user, Some("wrong-pw")), status(&zk.url(), None)] {
+        f.assert_failure(125);
+        let line = f.lockrun_line().unwrap();
+        assert!(line.contains("denied access"), "{line}");
+        assert!(
+            !f.stderr.contains("pw") && !f.stdout.contains("pw"),
+            "{}",
+            f.stderr
+        );
+    }
+    s.touch("go");
+    let f = holder.wait();
+    f.assert_code(0);
+    assert!(!f.stderr.contains("s3cret"), "{}", f.stderr);
+}
+
+#[test]
+fn locks_live_under_the_chroot_and_a_missing_one_is_named() {
+    let zk = ZkServer::start();
+    let url = format!("{}/jobs/locks", zk.url());
+    let f = run(lockrun_run(&url, "job", &[], &["true"]));
+    f.assert_failure(125);
+    let line = f.lockrun_line().unwrap();
+    assert!(
+        line.contains("chroot /jobs/locks does not exist") && line.contains("create"),
+        "{line}"
+    );
+    zk.cli(&["create", "/jobs"]);
+    zk.cli(&["create", "/jobs/locks"]);
+    let s = Scratch::new();
+    let (mut holder, _) = start_holder(&url, "job", &s, &[]);
+    let nodes = zk.ephemerals();
+    assert!(
+        nodes.len() == 1 && nodes[0].starts_with("/jobs/locks/lockrun:/job/lock-"),
+        "the lock is not under the chroot: {nodes:?}"
+    );
+    // Another chroot (or none) is another tree of locks.
+    run(lockrun_run(&zk.url(), "job", &[], &["true"])).assert_code(0);
+    run(lockrun_run(&url, "job", &[], &["true"])).assert_failure(75);
+    s.touch("go");
+    holder.wait().assert_code(0);
+}

@@ -209,6 +209,21 @@ impl ZkServer {
             .collect()
     }
 
+    /// Runs Debian's `zkCli.sh` against this server (`create /path`, ...); panics if
+    /// it fails.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("/usr/share/zookeeper/bin/zkCli.sh")
+            .arg("-server")
+            .arg(format!("127.0.0.1:{}", self.port))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run zkCli.sh (apt-get install zookeeper)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "zkCli.sh {args:?} failed: {text}");
+        text
+    }
+
     /// The paths each session watches (`wchc`), one list per session that watches any.
     pub fn watches(&self) -> Vec<Vec<String>> {
         let mut sessions: Vec<Vec<String>> = Vec::new();
