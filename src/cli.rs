@@ -16,8 +16,8 @@ use crate::log::Format;
 
 /// Run a command under a named distributed lock.
 ///
-/// lockrun acquires the lock NAME (a lease in Redis, PostgreSQL or etcd, or a lock file
-/// on this host), runs COMMAND in its own process group with a fencing token in
+/// lockrun acquires the lock NAME (a lease in Redis, PostgreSQL, etcd or ZooKeeper, or a
+/// lock file on this host), runs COMMAND in its own process group with a fencing token in
 /// LOCKRUN_FENCING_TOKEN, renews the lease while the command lives, stops the whole group
 /// before the lease can expire if renewal fails, releases the lock and exits with the
 /// command's status.
