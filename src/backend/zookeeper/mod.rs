@@ -117,8 +117,6 @@ struct OurNode {
     czxid: i64,
     /// Its value (written again to stamp the time the lock was taken).
     value: Vec<u8>,
-    /// When the lock was taken (or the node created), server clock.
-    since_ms: i64,
     /// A busy answer was given with it: taking the lock later stamps the time.
     waited: bool,
 }

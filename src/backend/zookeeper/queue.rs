@@ -74,7 +74,6 @@ impl ZkBackend {
             path: None,
             czxid: 0,
             value: value.clone(),
-            since_ms: 0,
             waited: false,
         });
         let prefix = layout::queue_prefix(dir, &req.token);
@@ -88,7 +87,6 @@ impl ZkBackend {
                     if let Some(node) = local.node.as_mut().filter(|n| n.token == req.token) {
                         node.path = Some(format!("{prefix}{sequence}"));
                         node.czxid = stat.czxid;
-                        node.since_ms = stat.mtime;
                     }
                     return Ok(());
                 }
@@ -182,12 +180,9 @@ impl ZkBackend {
         let node = self.local().node.clone().ok_or(BackendError::NotOwner)?;
         let path = node.path.clone().unwrap_or_default();
         if node.waited {
-            // Only `status` reads the stamp: the lock is ours whatever this answers.
-            if let Ok(stat) = client.set_data(&path, &node.value, None).await {
-                if let Some(n) = self.local().node.as_mut() {
-                    n.since_ms = stat.mtime;
-                }
-            }
+            // Sent now, not waited for: only `status` reads the stamp, and the lock is
+            // ours whatever it answers (a hand-off need not wait for a disk write).
+            drop(client.set_data(&path, &node.value, None));
         }
         self.local().waiting_for = None;
         match u64::try_from(node.czxid) {
@@ -337,8 +332,14 @@ impl ZkBackend {
     ) -> Result<(), BackendError> {
         let path = node.path.clone().unwrap_or_default();
         let hold_path = format!("{}/{HOLD}", node.dir);
-        let mut holder = layout::holder_from(&node.value, node.czxid, node.since_ms);
-        holder.since_ms = u64::try_from(node.since_ms).unwrap_or(0);
+        // When the lock was taken: the node's stamp (see `taken`), by the server's clock.
+        let since_ms = match client.check_stat(&path).await {
+            Ok(Some(stat)) => stat.mtime,
+            Ok(None) => return Err(BackendError::NotOwner),
+            Err(e) if super::session_over(&e) => return Err(BackendError::NotOwner),
+            Err(e) => return Err(self.error(&e, &path)),
+        };
+        let holder = layout::holder_from(&node.value, node.czxid, since_ms);
         let value = layout::hold_value(&holder, keep);
         let options = CreateMode::Persistent.with_acls(self.acls());
         // A hold left over (one is deleted only by the next holder): overwrite it.
