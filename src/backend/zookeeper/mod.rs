@@ -56,6 +56,10 @@
 //!
 //! **ACLs**: nodes are created readable and writable by anyone, or, with a user and
 //! password in the URL (ZooKeeper's `digest` scheme), by that identity only.
+//!
+//! **Client**: the `zookeeper-client` crate (pure Rust, async, its own connection task
+//! on our runtime). Its TLS feature would build a C cryptography library (aws-lc), so
+//! `zk://` has no TLS.
 
 mod errors;
 mod layout;
