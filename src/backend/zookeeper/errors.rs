@@ -18,9 +18,16 @@ pub fn describe(e: &ZkError, at: &str, path: &str) -> BackendError {
         ZkError::AuthFailed => {
             refused("refused authentication: check the user and password in the URL".into())
         }
-        ZkError::NoHosts | ZkError::Timeout | ZkError::ConnectionLoss => {
-            unavailable(format!("cannot be reached ({e})"))
-        }
+        ZkError::NoHosts => unavailable(
+            "cannot be reached: no server of the list took a connection; check the hosts and \
+             ports, and that ZooKeeper runs"
+                .into(),
+        ),
+        ZkError::Timeout => unavailable(
+            "gave no session in time: check that ZooKeeper runs and its ensemble has a quorum"
+                .into(),
+        ),
+        ZkError::ConnectionLoss => unavailable("lost lockrun's connection".into()),
         ZkError::Custom(_) => unavailable(format!("cannot be reached: {e}")),
         ZkError::SessionExpired | ZkError::SessionMoved | ZkError::ClientClosed => {
             unavailable(format!("ended lockrun's session ({e})"))
