@@ -14,7 +14,9 @@
 //!   lease, over lockrun's own small gRPC client). Every backend keeps its connection in one [`backend::conn::Slot`]:
 //!   made lazily, forgotten after a failed or abandoned call.
 //!   [`backend::file`] has no server and no connection: a lock file per name in a
-//!   directory of this host.
+//!   directory of this host. [`backend::zookeeper`] keeps one session for the whole run
+//!   instead (the session is the lease: forgetting it would free the lock): an
+//!   ephemeral sequential node per acquirer, in ZooKeeper's queue recipe.
 //! - [`run`]: the async driver. It acquires (`run/acquire.rs` carries out what the
 //!   pure acquire policy `run/policy.rs` decides: take, wait, retry with a new token,
 //!   give up), spawns the command through [`supervisor`], then (`run/supervise.rs`)
