@@ -317,3 +317,33 @@ fn locks_live_under_the_chroot_and_a_missing_one_is_named() {
     s.touch("go");
     holder.wait().assert_code(0);
 }
+
+#[test]
+fn runs_without_wait_racing_for_a_free_lock_never_overlap() {
+    const WORKERS: usize = 6;
+    const ROUNDS: usize = 4;
+    let zk = ZkServer::start();
+    let history = Sections::new(Duration::from_millis(30));
+    let ran = std::sync::atomic::AtomicUsize::new(0);
+    // Without --wait, a run that finds the lock free takes it without listing the
+    // queue again when nothing changed in between: racing runs test that shortcut.
+    thread::scope(|scope| {
+        for _ in 0..WORKERS {
+            scope.spawn(|| {
+                for _ in 0..ROUNDS {
+                    let mut cmd = lockrun_run(&zk.url(), "job", &[], &Sections::command());
+                    history.env(&mut cmd);
+                    match run(cmd).code {
+                        Some(0) => drop(ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst)),
+                        Some(75) => {}
+                        other => panic!("a racing run ended with {other:?}"),
+                    }
+                }
+            });
+        }
+    });
+    let ran = ran.into_inner();
+    assert!(ran > 0, "no run took the lock");
+    history.assert_sequential(ran);
+    assert!(zk.ephemerals().is_empty(), "left: {:?}", zk.ephemerals());
+}

@@ -9,7 +9,9 @@
 //! own (first come, first served, one watch per waiter, no herd). The queue node stays
 //! across the acquire calls of one wait and is deleted by `stop_waiting` (giving up, a
 //! signal) or by `release`. Without `--wait` (`open(.., waiting: false)`) a busy lock
-//! is answered from a listing, without queueing at all. The token in the node's name
+//! is answered from a listing, without queueing at all; a free one is taken without a
+//! second listing when our node's sequence number is the directory's child version of
+//! the first (no child came or went in between). The token in the node's name
 //! makes ownership checkable by name, and lets lockrun find a node whose creation it
 //! never saw answered (the driver gives such a token back: every node of it is deleted).
 //!
@@ -222,12 +224,19 @@ impl Backend for ZkBackend {
         let dir = self.dir(name);
         self.drop_stale(&client, &req.token).await?;
         if self.our_node(&req.token).is_none() {
+            // Without --wait, a busy lock is answered without queueing; a free one may
+            // be taken without listing the queue again (see `busy_now`).
+            let mut first_if = None;
             if !self.waiting {
-                if let Some(holder) = self.busy_now(&client, &dir).await? {
-                    return Ok(Acquire::Busy(holder));
+                match self.busy_now(&client, &dir).await? {
+                    Err(holder) => return Ok(Acquire::Busy(holder)),
+                    Ok(empty_at) => first_if = empty_at,
                 }
             }
-            self.enqueue(&client, &dir, req, granted).await?;
+            let sequence = self.enqueue(&client, &dir, req, granted).await?;
+            if first_if == Some(sequence) {
+                return self.taken(&client).await;
+            }
         }
         self.take_or_wait(&client, &dir, &req.token).await
     }

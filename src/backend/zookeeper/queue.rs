@@ -48,24 +48,40 @@ impl ZkBackend {
         Ok(())
     }
 
-    /// Who holds the lock in `dir` now, if anyone, read without queueing.
+    /// Who holds the lock in `dir` now, read without queueing: `Err(holder)` when it is
+    /// held. When the queue is empty, the directory's child version at the read
+    /// (`Some(0)` for no directory yet): a node created next with that very sequence
+    /// number is first in line, since ZooKeeper numbers a sequential node with its
+    /// parent's child version, which every creation and deletion of a child moves on.
     pub(super) async fn busy_now(
         &self,
         client: &Client,
         dir: &str,
-    ) -> Result<Option<Holder>, BackendError> {
-        Ok(self.look(client, dir).await?.map(|(h, _)| h))
+    ) -> Result<Result<Option<i64>, Holder>, BackendError> {
+        let (children, cversion) = match client.get_children(dir).await {
+            Ok((children, stat)) => (children, stat.cversion),
+            Err(ZkError::NoNode) => return Ok(Ok(Some(0))),
+            Err(e) => return Err(self.error(&e, dir)),
+        };
+        let empty = children.iter().all(|c| c != HOLD) && layout::queue(&children).is_empty();
+        if empty {
+            return Ok(Ok(Some(i64::from(cversion))));
+        }
+        Ok(match self.look(client, dir).await? {
+            Some((holder, _)) => Err(holder),
+            None => Ok(None),
+        })
     }
 
     /// Joins the queue of `dir` with a node for `req` (making the directories first
-    /// when they are missing).
+    /// when they are missing); returns the node's sequence number.
     pub(super) async fn enqueue(
         &self,
         client: &Client,
         dir: &str,
         req: &AcquireRequest,
         granted: Duration,
-    ) -> Result<(), BackendError> {
+    ) -> Result<i64, BackendError> {
         let value = layout::queue_value(req, granted);
         // Recorded before asking: a creation never answered is cleaned up by its token.
         self.local().node = Some(OurNode {
@@ -88,7 +104,7 @@ impl ZkBackend {
                         node.path = Some(format!("{prefix}{sequence}"));
                         node.czxid = stat.czxid;
                     }
-                    return Ok(());
+                    return Ok(sequence.into_i64());
                 }
                 Err(ZkError::NoNode) => self.make_dirs(client, dir).await?,
                 Err(e) => return Err(self.error(&e, dir)),
@@ -176,7 +192,7 @@ impl ZkBackend {
 
     /// The lock is ours: after a wait, stamp the time it was taken on our node (the
     /// server's clock, for `status`); the fencing token is the node's creation zxid.
-    async fn taken(&self, client: &Client) -> Result<Acquire, BackendError> {
+    pub(super) async fn taken(&self, client: &Client) -> Result<Acquire, BackendError> {
         let node = self.local().node.clone().ok_or(BackendError::NotOwner)?;
         let path = node.path.clone().unwrap_or_default();
         if node.waited {
