@@ -100,6 +100,21 @@ pub struct Holder {
 }
 
 impl Holder {
+    /// The holder a stored JSON description names (`host`, `pid`, `since_ms`; anything
+    /// else gives empty fields), for the backends that store one (etcd, ZooKeeper); the
+    /// caller sets what the backend itself knows (the token, the time left).
+    pub fn from_json(v: &serde_json::Value) -> Holder {
+        Holder {
+            host: v["host"].as_str().unwrap_or_default().to_owned(),
+            pid: v["pid"]
+                .as_u64()
+                .and_then(|p| u32::try_from(p).ok())
+                .unwrap_or(0),
+            since_ms: v["since_ms"].as_u64().unwrap_or(0),
+            ..Holder::default()
+        }
+    }
+
     /// The acquisition time as RFC 3339 (seconds, UTC), for messages.
     pub fn since(&self) -> String {
         let at = std::time::UNIX_EPOCH + Duration::from_millis(self.since_ms);

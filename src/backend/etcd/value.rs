@@ -50,15 +50,10 @@ pub fn holder_value(req: &AcquireRequest) -> String {
 pub fn holder_from(value: &[u8], create_revision: i64, ttl: i64) -> Holder {
     let v: serde_json::Value = serde_json::from_slice(value).unwrap_or_default();
     Holder {
-        host: v["host"].as_str().unwrap_or_default().to_owned(),
-        pid: v["pid"]
-            .as_u64()
-            .and_then(|p| u32::try_from(p).ok())
-            .unwrap_or(0),
-        since_ms: v["since_ms"].as_u64().unwrap_or(0),
         fencing_token: u64::try_from(create_revision).unwrap_or(0),
         // -1: the lease is gone and the key about to be.
         ttl_left: Duration::from_secs(u64::try_from(ttl).unwrap_or(0)),
+        ..Holder::from_json(&v)
     }
 }
 

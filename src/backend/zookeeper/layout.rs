@@ -100,14 +100,10 @@ pub fn queue_value(req: &AcquireRequest, granted: Duration) -> Vec<u8> {
 pub fn holder_from(value: &[u8], czxid: i64, since_ms: i64) -> Holder {
     let v: serde_json::Value = serde_json::from_slice(value).unwrap_or_default();
     Holder {
-        host: v["host"].as_str().unwrap_or_default().to_owned(),
-        pid: v["pid"]
-            .as_u64()
-            .and_then(|p| u32::try_from(p).ok())
-            .unwrap_or(0),
         since_ms: u64::try_from(since_ms).unwrap_or(0),
         fencing_token: u64::try_from(czxid).unwrap_or(0),
         ttl_left: Duration::from_millis(v["ttl_ms"].as_u64().unwrap_or(0)),
+        ..Holder::from_json(&v)
     }
 }
 
@@ -132,14 +128,9 @@ pub fn hold_from(value: &[u8], created_ms: i64, server_now_ms: i64) -> (Holder, 
         .saturating_add(keep_ms)
         .saturating_sub(server_now_ms);
     let holder = Holder {
-        host: v["host"].as_str().unwrap_or_default().to_owned(),
-        pid: v["pid"]
-            .as_u64()
-            .and_then(|p| u32::try_from(p).ok())
-            .unwrap_or(0),
-        since_ms: v["since_ms"].as_u64().unwrap_or(0),
         fencing_token: v["fencing_token"].as_u64().unwrap_or(0),
         ttl_left: Duration::from_millis(u64::try_from(left_ms).unwrap_or(0)),
+        ..Holder::from_json(&v)
     };
     (holder, left_ms > 0)
 }
