@@ -244,6 +244,11 @@ impl PrivatePg {
     /// Like [`PrivatePg::start`], with extra environment for the server (say, a
     /// `FakeClock`'s) and extra `initdb` arguments.
     pub fn start_with(env: &[(String, String)], initdb_args: &[&str]) -> PrivatePg {
+        PrivatePg::init(env, initdb_args).launch()
+    }
+
+    /// An initialised cluster, not started yet.
+    fn init(env: &[(String, String)], initdb_args: &[&str]) -> PrivatePg {
         serial::side_by_side();
         let dir = tempfile::Builder::new()
             .prefix("lockrun-pg-")
@@ -276,20 +281,18 @@ impl PrivatePg {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let pg = PrivatePg {
+        PrivatePg {
             dir,
             port: 0,
             env: env.to_vec(),
             child: None,
-        };
-        pg.launch()
+        }
     }
 
     /// A cluster serving TLS (`ssl=on`) with the server certificate of `tls` (for
     /// 127.0.0.1, from its CA), besides plain connections.
     pub fn start_tls(tls: &TlsFiles) -> PrivatePg {
-        let mut pg = PrivatePg::start_with(&[], &[]);
-        pg.kill();
+        let pg = PrivatePg::init(&[], &[]);
         let data = pg.dir.path().join("data");
         for (from, to) in [("server.pem", "server.crt"), ("server.key", "server.key")] {
             let dest = data.join(to);
@@ -308,8 +311,7 @@ impl PrivatePg {
             "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'"
         )
         .expect("write postgresql.conf");
-        pg.restart();
-        pg
+        pg.launch()
     }
 
     /// Starts the initialised cluster on a free port.
