@@ -8,7 +8,7 @@ use super::crashed;
 use super::dir::LockDir;
 use super::lock::{lock_record, try_lock, Byte, Kind};
 use super::lockfile::LockFile;
-use super::record::{stored_host, HolderLine, Record};
+use super::record::{is_boot_id, stored_host, HolderLine, Record};
 use super::waiter::Found;
 use super::{millis, now_ms, FileBackend, Held};
 use crate::backend::{Acquire, AcquireRequest, BackendError};
@@ -135,11 +135,7 @@ fn boot_id() -> Option<&'static str> {
     BOOT.get_or_init(|| {
         let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
         let id = id.trim();
-        let ok = (1..=64).contains(&id.len())
-            && id
-                .bytes()
-                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f' | b'-'));
-        ok.then(|| id.to_owned())
+        is_boot_id(id).then(|| id.to_owned())
     })
     .as_deref()
 }

@@ -267,15 +267,20 @@ fn token_value(s: &str) -> Result<String, String> {
         .ok_or_else(|| "its token is malformed".to_owned())
 }
 
+/// True for what a boot id may be: 1 to 64 of `0-9 a-f -`.
+pub fn is_boot_id(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f' | b'-'))
+}
+
 /// A boot id as written: `-` (unknown), or 1 to 64 of `0-9 a-f -`.
 fn boot_value(s: &str) -> Result<String, String> {
     if s == "-" {
         return Ok(String::new());
     }
-    let ok = (1..=64).contains(&s.len())
-        && s.bytes()
-            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f' | b'-'));
-    ok.then(|| s.to_owned())
+    is_boot_id(s)
+        .then(|| s.to_owned())
         .ok_or_else(|| "its boot_id is malformed".to_owned())
 }
 
