@@ -1,64 +1,73 @@
-//! `lockrun status` and `lockrun release --force`: look at a lock, or break it. The
-//! holder is shown by [`crate::holder`].
+//! `lockrun status` and `lockrun release --force`: look at a lock, or break it (every
+//! slot of a semaphore). The holders are shown by [`crate::holder`].
 
 use std::time::Duration;
 
-use crate::backend::Backend;
-use crate::holder::{status_json, Known};
+use crate::backend::{Backend, Holder};
+use crate::holder::{status_json, status_text, Known};
 use crate::log::{emit, Event, Level};
 
 /// The timeout of each request of these commands.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
-/// `lockrun status`: prints who holds `name`; exit status 0 held, 1 free, 125 error.
-pub async fn status<B: Backend>(backend: &B, name: &str, as_json: bool) -> u8 {
-    let holder = match tokio::time::timeout(TIMEOUT, backend.inspect(name)).await {
+/// `lockrun status`: prints who holds `name` (every holder, with `--slots N`);
+/// exit status 0 held by at least one, 1 free, 125 error.
+pub async fn status<B: Backend>(backend: &B, name: &str, slots: u32, as_json: bool) -> u8 {
+    let mut holders = match tokio::time::timeout(TIMEOUT, backend.inspect(name)).await {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => return error(&e.to_string()),
         Err(_) => return error("the backend did not answer within 5s"),
     };
-    let line = match (&holder, as_json) {
-        (_, true) => status_json(name, holder.as_ref()).to_string(),
-        (Some(h), false) => format!("{name}: {}", Known::of(h).summary()),
-        (None, false) => format!("{name}: free"),
+    holders.sort_by_key(|h| h.slot);
+    let out = match as_json {
+        true => status_json(name, slots, &holders).to_string(),
+        false => status_text(name, slots, &holders),
     };
-    println!("{line}");
-    if holder.is_some() {
-        0
-    } else {
+    println!("{out}");
+    if holders.is_empty() {
         1
+    } else {
+        0
     }
 }
 
-/// `lockrun release --force`: deletes `name` whoever holds it and says whose it was.
+/// `lockrun release --force`: deletes `name` whoever holds it (every slot) and says
+/// whose it was, one line per holder broken.
 pub async fn force_release<B: Backend>(backend: &B, name: &str) -> u8 {
-    match tokio::time::timeout(TIMEOUT, backend.force_release(name)).await {
-        Ok(Ok(Some(h))) => {
-            let known = Known::of(&h);
-            emit(
-                Level::Warn,
-                Event::ForceReleased,
-                &format!("broke lock {name:?}, which was {}", known.summary()),
-                &[
-                    ("holder_host", known.host.into()),
-                    ("holder_pid", known.pid.into()),
-                    ("fencing_token", known.fencing_token.into()),
-                ],
-            );
-            0
-        }
-        Ok(Ok(None)) => {
-            emit(
-                Level::Warn,
-                Event::ForceReleased,
-                &format!("lock {name:?} was not held; nothing to break"),
-                &[],
-            );
-            0
-        }
-        Ok(Err(e)) => error(&e.to_string()),
-        Err(_) => error("the backend did not answer within 5s"),
+    let mut broken = match tokio::time::timeout(TIMEOUT, backend.force_release(name)).await {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => return error(&e.to_string()),
+        Err(_) => return error("the backend did not answer within 5s"),
+    };
+    if broken.is_empty() {
+        let msg = format!("lock {name:?} was not held; nothing to break");
+        emit(Level::Warn, Event::ForceReleased, &msg, &[]);
     }
+    broken.sort_by_key(|h| h.slot);
+    for h in &broken {
+        broke(name, h);
+    }
+    0
+}
+
+/// The line for one holder broken by `release --force`.
+fn broke(name: &str, h: &Holder) {
+    let known = Known::of(h);
+    let which = match h.slots {
+        1 => String::new(),
+        _ => format!(" slot {}", h.slot),
+    };
+    emit(
+        Level::Warn,
+        Event::ForceReleased,
+        &format!("broke lock {name:?}{which}, which was {}", known.summary()),
+        &[
+            ("holder_host", known.host.into()),
+            ("holder_pid", known.pid.into()),
+            ("fencing_token", known.fencing_token.into()),
+            ("holder_slot", h.slot.into()),
+        ],
+    );
 }
 
 fn error(msg: &str) -> u8 {

@@ -80,6 +80,18 @@ pub struct BackendArgs {
     )]
     pub key_prefix: String,
 
+    /// A semaphore: up to N commands hold NAME at once, each in its own slot (0 to
+    /// N-1, given to the command as LOCKRUN_SLOT). Every lockrun of one NAME must give
+    /// the same N: a holder with another N makes the run fail (125).
+    #[arg(
+        long,
+        env = "LOCKRUN_SLOTS",
+        default_value_t = 1,
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..=crate::backend::MAX_SLOTS as i64)
+    )]
+    pub slots: u32,
+
     /// PostgreSQL's options.
     #[command(flatten)]
     pub postgres: crate::backend::postgres::PgArgs,

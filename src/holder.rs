@@ -70,17 +70,49 @@ impl Known {
     }
 }
 
-/// The `lockrun status --json` object for lock `name` held by `holder` (or free).
-pub fn status_json(name: &str, holder: Option<&Holder>) -> Value {
-    match holder.map(Known::of) {
+/// The `lockrun status` text for lock `name` of `slots` slots held by `holders`
+/// (sorted by slot; empty when free): one line for a plain lock, as before
+/// semaphores; with `--slots N`, a count, then one indented line per holder.
+pub fn status_text(name: &str, slots: u32, holders: &[Holder]) -> String {
+    match (slots, holders) {
+        (1, []) => format!("{name}: free"),
+        (1, [h, ..]) => format!("{name}: {}", Known::of(h).summary()),
+        (n, all) => {
+            let mut out = format!("{name}: {} of {n} slots held", all.len());
+            for h in all {
+                out.push_str(&format!("\n  slot {}: {}", h.slot, Known::of(h).summary()));
+            }
+            out
+        }
+    }
+}
+
+/// The `lockrun status --json` object for lock `name` of `slots` slots held by
+/// `holders` (sorted by slot; empty when free). The top-level holder fields are
+/// those of the lowest slot held (the only one of a plain lock); `holders` lists
+/// every one, with its slot.
+pub fn status_json(name: &str, slots: u32, holders: &[Holder]) -> Value {
+    let each: Vec<Value> = holders
+        .iter()
+        .map(|h| {
+            let k = Known::of(h);
+            json!({
+                "slot": h.slot, "fencing_token": k.fencing_token,
+                "ttl_ms": k.ttl_left.as_millis() as u64, "host": k.host, "pid": k.pid,
+                "since": k.since, "since_ms": k.since_ms,
+            })
+        })
+        .collect();
+    match holders.first().map(Known::of) {
         Some(k) => json!({
             "name": name, "held": true, "fencing_token": k.fencing_token,
             "ttl_ms": k.ttl_left.as_millis() as u64, "host": k.host, "pid": k.pid,
-            "since": k.since, "since_ms": k.since_ms,
+            "since": k.since, "since_ms": k.since_ms, "slots": slots, "holders": each,
         }),
         None => json!({
             "name": name, "held": false, "fencing_token": null, "ttl_ms": null,
             "host": null, "pid": null, "since": null, "since_ms": null,
+            "slots": slots, "holders": each,
         }),
     }
 }
@@ -96,6 +128,7 @@ mod tests {
             since_ms: 1_714_557_600_000,
             fencing_token: 7,
             ttl_left: Duration::from_millis(2000),
+            ..Holder::default()
         }
     }
 
@@ -140,13 +173,13 @@ mod tests {
 
     #[test]
     fn json_gives_null_for_what_is_unknown() {
-        let v = status_json("job", Some(&Holder::default()));
+        let v = status_json("job", 1, &[Holder::default()]);
         assert_eq!(v["held"], true);
         for key in ["host", "pid", "since", "since_ms", "fencing_token"] {
             assert!(v[key].is_null(), "{key}: {v}");
         }
         assert_eq!(v["ttl_ms"], 0);
-        let v = status_json("job", Some(&full()));
+        let v = status_json("job", 1, &[full()]);
         assert_eq!(v["host"], "web-1");
         assert_eq!(v["pid"], 42);
         assert_eq!(v["since"], "2024-05-01T10:00:00Z");
@@ -157,9 +190,44 @@ mod tests {
 
     #[test]
     fn json_of_a_free_lock() {
-        let v = status_json("job", None);
+        let v = status_json("job", 1, &[]);
         assert_eq!(v["held"], false);
         assert_eq!(v["name"], "job");
         assert!(v["host"].is_null() && v["fencing_token"].is_null());
+    }
+
+    #[test]
+    fn a_semaphore_lists_every_holder_by_slot() {
+        let second = Holder {
+            slot: 2,
+            slots: 3,
+            fencing_token: 9,
+            ..full()
+        };
+        let first = Holder { slots: 3, ..full() };
+        let text = status_text("job", 3, &[first.clone(), second.clone()]);
+        assert_eq!(
+            text,
+            "job: 2 of 3 slots held\n  slot 0: held by web-1 pid 42 since \
+             2024-05-01T10:00:00Z, fencing token 7, 2s left\n  slot 2: held by web-1 pid 42 \
+             since 2024-05-01T10:00:00Z, fencing token 9, 2s left"
+        );
+        assert_eq!(status_text("job", 3, &[]), "job: 0 of 3 slots held");
+        assert_eq!(status_text("job", 1, &[]), "job: free");
+        let v = status_json("job", 3, &[first, second]);
+        assert_eq!(
+            (v["held"].clone(), v["slots"].clone()),
+            (json!(true), json!(3))
+        );
+        assert_eq!(v["fencing_token"], 7);
+        let slots: Vec<_> = v["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["slot"].clone())
+            .collect();
+        assert_eq!(slots, [json!(0), json!(2)]);
+        assert_eq!(v["holders"][1]["fencing_token"], 9);
+        assert_eq!(status_json("job", 3, &[])["holders"], json!([]));
     }
 }

@@ -112,7 +112,12 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Status(args) => {
             install_logger(&args.log, &args.name);
             let backend = admin_backend(&args.backend, &args.name, password)?;
-            Ok(runtime.block_on(admin::status(&backend, &args.name, args.json)))
+            Ok(runtime.block_on(admin::status(
+                &backend,
+                &args.name,
+                args.backend.slots,
+                args.json,
+            )))
         }
         Command::Release(args) => {
             install_logger(&args.log, &args.name);

@@ -83,6 +83,7 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
     let env = child_env::changes(vec![
         ("LOCKRUN_FENCING_TOKEN", taken.fencing_token.to_string()),
         ("LOCKRUN_LOCK_NAME", cfg.name.as_str().to_owned()),
+        ("LOCKRUN_SLOT", taken.slot.to_string()),
     ]);
     // The lease timer exists before the command does: without it the lease could
     // not be enforced, so a failure here means not starting at all.
@@ -125,14 +126,21 @@ fn request(cfg: &RunConfig) -> AcquireRequest {
 }
 
 fn log_acquired(cfg: &RunConfig, taken: &Taken) {
+    let slots = cfg.backend.slots;
+    let slot = match slots {
+        1 => String::new(),
+        n => format!(" slot {} of {n}", taken.slot),
+    };
     let msg = format!(
-        "acquired lock {:?} (fencing token {}) after {}",
+        "acquired lock {:?}{slot} (fencing token {}) after {}",
         cfg.name.as_str(),
         taken.fencing_token,
         ms(taken.waited)
     );
     let fields = [
         ("fencing_token", taken.fencing_token.into()),
+        ("slot", taken.slot.into()),
+        ("slots", slots.into()),
         ("wait_ms", millis(taken.waited)),
     ];
     emit(Level::Info, Event::Acquired, &msg, &fields);

@@ -35,6 +35,27 @@ pub use table::{parse_urls, scheme_list, url_help, Kind, Target, UrlContext, KIN
 /// an expiry this much, so that it frees eventually and its waiters wait, not poll.
 pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// The largest `--slots`: every acquire of a semaphore looks at each slot, so N is
+/// kept to what one request can read.
+pub const MAX_SLOTS: u32 = 1000;
+
+/// The refusal when holders of a name were taken with another `--slots` than ours
+/// (`theirs`): two limits for one name would let more than the smaller one in. A
+/// [`BackendError::Refused`], so the run fails (125) without retrying; the backend
+/// checks it in the same atomic step that would take a slot.
+pub fn slots_conflict(theirs: u32, ours: u32) -> BackendError {
+    let as_given = |n: u32| match n {
+        1 => "a plain lock (--slots 1)".to_owned(),
+        n => format!("--slots {n}"),
+    };
+    BackendError::Refused(format!(
+        "the lock is held with {}, not {}: give every lockrun of one name the same \
+         --slots (LOCKRUN_SLOTS)",
+        as_given(theirs),
+        as_given(ours)
+    ))
+}
+
 /// The longest a waiter sleeps without asking the backend again, in case a wake-up
 /// was lost (a connection cut, a woken waiter that died before taking the lock).
 pub const MAX_WAIT_SLICE: Duration = Duration::from_secs(2);
@@ -85,7 +106,7 @@ impl BackendError {
 }
 
 /// Who holds a lock, as stored by the holder's lockrun.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holder {
     /// Host name of the holder.
     pub host: String,
@@ -97,6 +118,26 @@ pub struct Holder {
     pub fencing_token: u64,
     /// Lease time left.
     pub ttl_left: Duration,
+    /// The slot held, 0 to N-1 (0 for a plain lock).
+    pub slot: u32,
+    /// The N of `--slots` this holder was taken with (1 for a plain lock, and for a
+    /// record written before semaphores existed).
+    pub slots: u32,
+}
+
+impl Default for Holder {
+    /// Nothing known, of a plain lock (slot 0 of 1).
+    fn default() -> Holder {
+        Holder {
+            host: String::new(),
+            pid: 0,
+            since_ms: 0,
+            fencing_token: 0,
+            ttl_left: Duration::ZERO,
+            slot: 0,
+            slots: 1,
+        }
+    }
 }
 
 impl Holder {
@@ -111,6 +152,15 @@ impl Holder {
                 .and_then(|p| u32::try_from(p).ok())
                 .unwrap_or(0),
             since_ms: v["since_ms"].as_u64().unwrap_or(0),
+            slot: v["slot"]
+                .as_u64()
+                .and_then(|s| u32::try_from(s).ok())
+                .unwrap_or(0),
+            slots: v["slots"]
+                .as_u64()
+                .and_then(|s| u32::try_from(s).ok())
+                .filter(|&n| n >= 1)
+                .unwrap_or(1),
             ..Holder::default()
         }
     }
@@ -142,8 +192,11 @@ pub enum Acquire {
     Acquired {
         /// Strictly larger than every token handed out before for this name.
         fencing_token: u64,
+        /// The slot taken, 0 to N-1 (0 for a plain lock).
+        slot: u32,
     },
-    /// Someone else holds it.
+    /// Someone else holds it (with `--slots N`: every slot is held; this is the
+    /// holder whose lease ends first, the one a waiter waits for).
     Busy(Holder),
 }
 
@@ -157,13 +210,16 @@ pub enum Release {
 }
 
 /// A lock backend. Every call checks ownership by token on the server side (renew
-/// and release never touch another holder's lock) and is bounded in time by the
+/// and release never touch another holder's lock; the token also names the slot
+/// held, so they need no more) and is bounded in time by the
 /// caller with a timeout shorter than the lease left. Methods take `&self` so that a
 /// renewal can be in flight while the driver does other work; implementations keep
 /// their connection state behind short-lived locks, never held across an await.
 #[allow(async_fn_in_trait)]
 pub trait Backend {
-    /// Tries once to take lock `name`.
+    /// Tries once to take lock `name`: with `--slots N` (given when the backend was
+    /// opened), its lowest free slot. A holder taken with another N is refused
+    /// ([`slots_conflict`]).
     async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError>;
 
     /// Extends our lease to `ttl` from now, if the stored token is still `token`.
@@ -172,11 +228,11 @@ pub trait Backend {
     /// Gives the lock up if the stored token is still `token` and wakes one waiter.
     async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError>;
 
-    /// Who holds `name` now, if anyone.
-    async fn inspect(&self, name: &str) -> Result<Option<Holder>, BackendError>;
+    /// Who holds `name` now: every live holder, by slot (empty when free).
+    async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError>;
 
-    /// Breaks the lock whoever holds it; returns the holder it removed, if any.
-    async fn force_release(&self, name: &str) -> Result<Option<Holder>, BackendError>;
+    /// Breaks the lock whoever holds it (every slot); returns the holders it removed.
+    async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError>;
 
     /// Waits until `name` may have become free: a release notification, the busy
     /// lease's expiry (`busy`), or `max`, whichever is first. Returning early is
@@ -220,8 +276,8 @@ trait DynBackend {
     fn acquire<'a>(&'a self, name: &'a str, req: &'a AcquireRequest) -> Call<'a, Acquire>;
     fn renew<'a>(&'a self, name: &'a str, token: &'a str, ttl: Duration) -> Call<'a, ()>;
     fn release<'a>(&'a self, name: &'a str, token: &'a str, how: Release) -> Call<'a, ()>;
-    fn inspect<'a>(&'a self, name: &'a str) -> Call<'a, Option<Holder>>;
-    fn force_release<'a>(&'a self, name: &'a str) -> Call<'a, Option<Holder>>;
+    fn inspect<'a>(&'a self, name: &'a str) -> Call<'a, Vec<Holder>>;
+    fn force_release<'a>(&'a self, name: &'a str) -> Call<'a, Vec<Holder>>;
     fn wait_for_release<'a>(
         &'a self,
         name: &'a str,
@@ -241,10 +297,10 @@ impl<B: Backend> DynBackend for B {
     fn release<'a>(&'a self, name: &'a str, token: &'a str, how: Release) -> Call<'a, ()> {
         Box::pin(Backend::release(self, name, token, how))
     }
-    fn inspect<'a>(&'a self, name: &'a str) -> Call<'a, Option<Holder>> {
+    fn inspect<'a>(&'a self, name: &'a str) -> Call<'a, Vec<Holder>> {
         Box::pin(Backend::inspect(self, name))
     }
-    fn force_release<'a>(&'a self, name: &'a str) -> Call<'a, Option<Holder>> {
+    fn force_release<'a>(&'a self, name: &'a str) -> Call<'a, Vec<Holder>> {
         Box::pin(Backend::force_release(self, name))
     }
     fn wait_for_release<'a>(
@@ -273,11 +329,11 @@ impl Backend for AnyBackend {
         self.0.release(name, token, how).await
     }
 
-    async fn inspect(&self, name: &str) -> Result<Option<Holder>, BackendError> {
+    async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
         self.0.inspect(name).await
     }
 
-    async fn force_release(&self, name: &str) -> Result<Option<Holder>, BackendError> {
+    async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
         self.0.force_release(name).await
     }
 
@@ -309,6 +365,30 @@ mod tests {
             assert!(s >= MAX_WAIT_SLICE && s < MAX_WAIT_SLICE + ms(50), "{s:?}");
             assert_eq!(wait_slice(Duration::from_secs(30), ms(100)), ms(100));
         }
+    }
+
+    #[test]
+    fn a_slots_conflict_names_both_limits_and_the_fix() {
+        let e = slots_conflict(1, 3);
+        assert!(!e.is_transient());
+        let msg = e.to_string();
+        assert!(
+            msg.contains("a plain lock (--slots 1), not --slots 3"),
+            "{msg}"
+        );
+        assert!(msg.contains("the same --slots"), "{msg}");
+        assert!(slots_conflict(4, 2)
+            .to_string()
+            .contains("--slots 4, not --slots 2"));
+    }
+
+    #[test]
+    fn a_stored_description_gives_the_slot_and_a_plain_lock_by_default() {
+        let v = serde_json::json!({"host": "h", "pid": 7, "slot": 2, "slots": 3});
+        let h = Holder::from_json(&v);
+        assert_eq!((h.host.as_str(), h.pid, h.slot, h.slots), ("h", 7, 2, 3));
+        let old = Holder::from_json(&serde_json::json!({"host": "h"}));
+        assert_eq!((old.slot, old.slots), (0, 1));
     }
 
     #[test]

@@ -42,6 +42,11 @@ pub trait Target: Debug + Send + Sync {
     /// Opens the backend; nothing is connected yet. `waiting`: the caller may wait for
     /// a busy lock (`--wait`), so the backend prepares to receive wake-ups.
     fn open(&self, config: &BackendConfig, waiting: bool) -> AnyBackend;
+
+    /// Whether this backend can hold a name with `--slots` above 1 (a semaphore).
+    fn semaphores(&self) -> bool {
+        false
+    }
 }
 
 /// What a URL parser may use besides the URL.

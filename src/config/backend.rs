@@ -22,6 +22,8 @@ pub struct BackendConfig {
     pub display: String,
     /// The namespace of the keys.
     pub key_prefix: String,
+    /// How many may hold one name at once (`--slots`; 1 is a plain lock).
+    pub slots: u32,
 }
 
 impl BackendConfig {
@@ -38,10 +40,19 @@ impl BackendConfig {
             env: &env,
         };
         let target = parse_urls(&args.url, &ctx)?;
+        if args.slots > 1 && !target.semaphores() {
+            return Err(ConfigError::Backend(format!(
+                "--slots {} needs a backend that keeps semaphores; {} does not yet: use \
+                 --slots 1",
+                args.slots,
+                target.display()
+            )));
+        }
         Ok(BackendConfig {
             display: target.display(),
             target,
             key_prefix: args.key_prefix.clone(),
+            slots: args.slots,
         })
     }
 }

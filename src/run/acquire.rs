@@ -100,8 +100,12 @@ async fn send<B: Backend>(
     );
     let answer = unless_signalled(cfg, backend, policy, signals, "acquiring", attempt).await?;
     Ok(match answer {
-        Ok(Ok(Acquire::Acquired { fencing_token })) => Reply::Acquired {
+        Ok(Ok(Acquire::Acquired {
             fencing_token,
+            slot,
+        })) => Reply::Acquired {
+            fencing_token,
+            slot,
             sent_at,
         },
         Ok(Ok(Acquire::Busy(holder))) => Reply::Busy(holder),
@@ -201,19 +205,30 @@ fn gave_up(error: &BackendError, attempts: u32, tried_for: Duration) -> Outcome 
 
 fn busy(cfg: &RunConfig, holder: &Holder, waited: Duration) -> Outcome {
     let known = Known::of(holder);
-    emit(
-        Level::Warn,
-        Event::Busy,
-        &format!(
-            "lock {:?} is {} ({} left); the command was not started",
-            cfg.name.as_str(),
+    let name = cfg.name.as_str();
+    let msg = match cfg.backend.slots {
+        1 => format!(
+            "lock {name:?} is {} ({} left); the command was not started",
             known.held(),
             ms(known.ttl_left)
         ),
+        n => format!(
+            "all {n} slots of lock {name:?} are held; the first to end is slot {}, {} ({} \
+             left); the command was not started",
+            holder.slot,
+            known.held(),
+            ms(known.ttl_left)
+        ),
+    };
+    emit(
+        Level::Warn,
+        Event::Busy,
+        &msg,
         &[
             ("holder_host", known.host.into()),
             ("holder_pid", known.pid.into()),
             ("fencing_token", known.fencing_token.into()),
+            ("holder_slot", holder.slot.into()),
             ("wait_ms", millis(waited)),
         ],
     );

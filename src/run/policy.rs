@@ -80,6 +80,8 @@ pub(crate) enum Reply {
     Acquired {
         /// The fencing token it handed out.
         fencing_token: u64,
+        /// The slot taken (0 for a plain lock).
+        slot: u32,
         /// When the attempt was sent (the lease counts from here).
         sent_at: BootInstant,
     },
@@ -98,6 +100,8 @@ pub(crate) struct Taken {
     pub sent_at: BootInstant,
     /// The fencing token handed out with the lease.
     pub fencing_token: u64,
+    /// The slot held, 0 to N-1 (0 for a plain lock).
+    pub slot: u32,
     /// The token the lock is held with (for renewals and the release).
     pub token: String,
     /// How long taking it took.
@@ -215,6 +219,7 @@ impl Policy {
         match reply {
             Reply::Acquired {
                 fencing_token,
+                slot,
                 sent_at,
             } => {
                 let lease = &self.terms.lease;
@@ -222,6 +227,7 @@ impl Policy {
                     return Next::Take(Taken {
                         sent_at,
                         fencing_token,
+                        slot,
                         token: self.request.token.clone(),
                         waited: now.saturating_since(self.started_at),
                     });

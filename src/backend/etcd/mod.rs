@@ -189,7 +189,10 @@ impl Backend for EtcdBackend {
             // answer without one cannot be handed to the command as a token: give the
             // lock back and refuse.
             if let Some(fencing_token) = u64::try_from(revision).ok().filter(|r| *r > 0) {
-                return Ok(Acquire::Acquired { fencing_token });
+                return Ok(Acquire::Acquired {
+                    fencing_token,
+                    slot: 0,
+                });
             }
             let _ = self.revoke(id).await;
             self.local().lease = None;
@@ -243,42 +246,50 @@ impl Backend for EtcdBackend {
         }
     }
 
-    async fn inspect(&self, name: &str) -> Result<Option<Holder>, BackendError> {
-        match self.read(&self.key(name)).await? {
-            (Some(kv), _) => Ok(Some(self.live_holder(&kv).await?)),
-            (None, _) => Ok(None),
-        }
-    }
-
-    async fn force_release(&self, name: &str) -> Result<Option<Holder>, BackendError> {
-        let key = self.key(name);
-        // Delete exactly the lock that was read (if it changed meanwhile, read again),
-        // then revoke its lease so that its holder's next keep-alive fails too.
-        for _ in 0..3 {
-            let Some(kv) = self.read(&key).await?.0 else {
-                return Ok(None);
-            };
-            let holder = self.holder(&kv).await?;
-            let delete = TxnRequest {
-                compare: vec![Compare::created_at(&key, kv.create_revision)],
-                success: vec![RequestOp::delete(&key)],
-                failure: vec![],
-            };
-            let deleted = self
-                .call(async |c| c.txn(delete.clone()).await)
-                .await?
-                .succeeded;
-            if deleted {
-                if kv.lease != 0 {
-                    let _ = self.revoke(kv.lease).await;
-                }
-                return Ok(Some(holder));
+    async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
+        let one: Result<Option<Holder>, BackendError> = async {
+            match self.read(&self.key(name)).await? {
+                (Some(kv), _) => Ok(Some(self.live_holder(&kv).await?)),
+                (None, _) => Ok(None),
             }
         }
-        Err(BackendError::Unavailable(format!(
-            "the lock at etcd {} kept changing while it was being broken; try again",
-            self.member()
-        )))
+        .await;
+        Ok(one?.into_iter().collect())
+    }
+
+    async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
+        let one: Result<Option<Holder>, BackendError> = async {
+            let key = self.key(name);
+            // Delete exactly the lock that was read (if it changed meanwhile, read again),
+            // then revoke its lease so that its holder's next keep-alive fails too.
+            for _ in 0..3 {
+                let Some(kv) = self.read(&key).await?.0 else {
+                    return Ok(None);
+                };
+                let holder = self.holder(&kv).await?;
+                let delete = TxnRequest {
+                    compare: vec![Compare::created_at(&key, kv.create_revision)],
+                    success: vec![RequestOp::delete(&key)],
+                    failure: vec![],
+                };
+                let deleted = self
+                    .call(async |c| c.txn(delete.clone()).await)
+                    .await?
+                    .succeeded;
+                if deleted {
+                    if kv.lease != 0 {
+                        let _ = self.revoke(kv.lease).await;
+                    }
+                    return Ok(Some(holder));
+                }
+            }
+            Err(BackendError::Unavailable(format!(
+                "the lock at etcd {} kept changing while it was being broken; try again",
+                self.member()
+            )))
+        }
+        .await;
+        Ok(one?.into_iter().collect())
     }
 
     async fn wait_for_release(

@@ -124,7 +124,13 @@ impl FileBackend {
             lock: file,
             record: ours,
         };
-        Ok(Some((Acquire::Acquired { fencing_token }, Some(held))))
+        Ok(Some((
+            Acquire::Acquired {
+                fencing_token,
+                slot: 0,
+            },
+            Some(held),
+        )))
     }
 }
 

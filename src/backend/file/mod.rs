@@ -288,52 +288,61 @@ impl Backend for FileBackend {
         }
     }
 
-    async fn inspect(&self, name: &str) -> Result<Option<Holder>, BackendError> {
-        let file_name = self.file_name(name)?;
-        let Some(dir) = self.dir(false)? else {
-            return Ok(None);
-        };
-        let Some(file) = dir.open_lock(&file_name, Open::Read)? else {
-            return Ok(None);
-        };
-        let locked = is_locked(file.file(), Byte::Holder).map_err(|e| file.io(&e.into()))?;
-        let record = read_guarded(&file).await?;
-        Ok(record.holder(locked, now_ms()))
+    async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
+        let one: Result<Option<Holder>, BackendError> = async {
+            let file_name = self.file_name(name)?;
+            let Some(dir) = self.dir(false)? else {
+                return Ok(None);
+            };
+            let Some(file) = dir.open_lock(&file_name, Open::Read)? else {
+                return Ok(None);
+            };
+            let locked = is_locked(file.file(), Byte::Holder).map_err(|e| file.io(&e.into()))?;
+            let record = read_guarded(&file).await?;
+            Ok(record.holder(locked, now_ms()))
+        }
+        .await;
+        Ok(one?.into_iter().collect())
     }
 
-    async fn force_release(&self, name: &str) -> Result<Option<Holder>, BackendError> {
-        let file_name = self.file_name(name)?;
-        let Some(dir) = self.dir(false)? else {
-            return Ok(None);
-        };
-        for _ in 0..TRIES {
-            let Some(file) = dir.open_lock(&file_name, Open::Write)? else {
+    async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
+        let one: Result<Option<Holder>, BackendError> = async {
+            let file_name = self.file_name(name)?;
+            let Some(dir) = self.dir(false)? else {
                 return Ok(None);
             };
-            // Under the guard no acquirer is between its check of the file and its
-            // counter's write: the counter read here is the last one handed out.
-            lock_record(file.file(), Kind::Write)
-                .await
-                .map_err(|e| file.io(&e.into()))?;
-            if !dir.is_current(&file_name, &file)? {
-                continue;
+            for _ in 0..TRIES {
+                let Some(file) = dir.open_lock(&file_name, Open::Write)? else {
+                    return Ok(None);
+                };
+                // Under the guard no acquirer is between its check of the file and its
+                // counter's write: the counter read here is the last one handed out.
+                lock_record(file.file(), Kind::Write)
+                    .await
+                    .map_err(|e| file.io(&e.into()))?;
+                if !dir.is_current(&file_name, &file)? {
+                    continue;
+                }
+                let locked =
+                    is_locked(file.file(), Byte::Holder).map_err(|e| file.io(&e.into()))?;
+                let record = file.read()?;
+                let Some(holder) = record.holder(locked, now_ms()) else {
+                    return Ok(None);
+                };
+                let free = Record {
+                    holder: None,
+                    ..record.clone()
+                };
+                dir.replace(&file_name, &free)?;
+                return Ok(Some(holder));
             }
-            let locked = is_locked(file.file(), Byte::Holder).map_err(|e| file.io(&e.into()))?;
-            let record = file.read()?;
-            let Some(holder) = record.holder(locked, now_ms()) else {
-                return Ok(None);
-            };
-            let free = Record {
-                holder: None,
-                ..record.clone()
-            };
-            dir.replace(&file_name, &free)?;
-            return Ok(Some(holder));
+            Err(BackendError::Unavailable(format!(
+                "the lock file {} kept being replaced; try again",
+                dir.show(&file_name)
+            )))
         }
-        Err(BackendError::Unavailable(format!(
-            "the lock file {} kept being replaced; try again",
-            dir.show(&file_name)
-        )))
+        .await;
+        Ok(one?.into_iter().collect())
     }
 
     async fn wait_for_release(

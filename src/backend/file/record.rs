@@ -210,6 +210,7 @@ impl Record {
             } else {
                 hold_left
             },
+            ..Holder::default()
         })
     }
 

@@ -289,7 +289,10 @@ impl PostgresBackend {
                     // A sequence starts at 1: a token of 0 is not our table's.
                     Ok(true) => match self.number(row, 1)? {
                         0 => Err(self.unexpected()),
-                        fencing_token => Ok(Acquire::Acquired { fencing_token }),
+                        fencing_token => Ok(Acquire::Acquired {
+                            fencing_token,
+                            slot: 0,
+                        }),
                     },
                     Ok(false) => Ok(Acquire::Busy(self.holder(row, 1)?)),
                     Err(_) => Err(self.unexpected()),
@@ -297,7 +300,7 @@ impl PostgresBackend {
             }
             // Taken by a transaction that committed after our statement's snapshot: its
             // row is not visible to the statement, but is to the next one.
-            if let Some(holder) = self.inspect(name).await? {
+            if let Some(holder) = self.inspect(name).await?.into_iter().next() {
                 return Ok(Acquire::Busy(holder));
             }
         }
@@ -324,6 +327,7 @@ impl PostgresBackend {
             pid: u32::try_from(self.number(row, at + 2)?).unwrap_or(0),
             since_ms: self.number(row, at + 3)?,
             ttl_left: Duration::from_millis(self.number(row, at + 4)?),
+            ..Holder::default()
         })
     }
 
@@ -402,20 +406,28 @@ impl Backend for PostgresBackend {
         }
     }
 
-    async fn inspect(&self, name: &str) -> Result<Option<Holder>, BackendError> {
-        let key = self.key(name);
-        let params: &Params<'_> = &[(&key, Type::TEXT)];
-        let rows = self
-            .query(&self.sql.inspect, params, Missing::NoRows)
-            .await?;
-        rows.first().map(|r| self.holder(r, 0)).transpose()
+    async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
+        let one: Result<Option<Holder>, BackendError> = async {
+            let key = self.key(name);
+            let params: &Params<'_> = &[(&key, Type::TEXT)];
+            let rows = self
+                .query(&self.sql.inspect, params, Missing::NoRows)
+                .await?;
+            rows.first().map(|r| self.holder(r, 0)).transpose()
+        }
+        .await;
+        Ok(one?.into_iter().collect())
     }
 
-    async fn force_release(&self, name: &str) -> Result<Option<Holder>, BackendError> {
-        let (key, channel) = (self.key(name), self.channel(name));
-        let params: &Params<'_> = &[(&key, Type::TEXT), (&channel, Type::TEXT)];
-        let rows = self.query(&self.sql.force, params, Missing::NoRows).await?;
-        rows.first().map(|r| self.holder(r, 0)).transpose()
+    async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
+        let one: Result<Option<Holder>, BackendError> = async {
+            let (key, channel) = (self.key(name), self.channel(name));
+            let params: &Params<'_> = &[(&key, Type::TEXT), (&channel, Type::TEXT)];
+            let rows = self.query(&self.sql.force, params, Missing::NoRows).await?;
+            rows.first().map(|r| self.holder(r, 0)).transpose()
+        }
+        .await;
+        Ok(one?.into_iter().collect())
     }
 
     async fn wait_for_release(

@@ -135,7 +135,10 @@ impl RedisBackend {
             &ms(WAITER_ALIVE),
         ];
         Ok(match self.eval(Script::Acquire, name, &args).await? {
-            AcquireReply::Acquired(fencing_token) => Acquire::Acquired { fencing_token },
+            AcquireReply::Acquired(fencing_token) => Acquire::Acquired {
+                fencing_token,
+                slot: 0,
+            },
             AcquireReply::Busy(holder) => Acquire::Busy(holder),
         })
     }
@@ -221,15 +224,23 @@ impl Backend for RedisBackend {
         )
     }
 
-    async fn inspect(&self, name: &str) -> Result<Option<Holder>, BackendError> {
-        let HolderReply(holder) = self.eval(Script::Inspect, name, &[]).await?;
-        Ok(holder)
+    async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
+        let one: Result<Option<Holder>, BackendError> = async {
+            let HolderReply(holder) = self.eval(Script::Inspect, name, &[]).await?;
+            Ok(holder)
+        }
+        .await;
+        Ok(one?.into_iter().collect())
     }
 
-    async fn force_release(&self, name: &str) -> Result<Option<Holder>, BackendError> {
-        let wake_prefix = Keys::new(&self.key_prefix, name).wake_prefix;
-        let HolderReply(holder) = self.eval(Script::Force, name, &[&wake_prefix]).await?;
-        Ok(holder)
+    async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
+        let one: Result<Option<Holder>, BackendError> = async {
+            let wake_prefix = Keys::new(&self.key_prefix, name).wake_prefix;
+            let HolderReply(holder) = self.eval(Script::Force, name, &[&wake_prefix]).await?;
+            Ok(holder)
+        }
+        .await;
+        Ok(one?.into_iter().collect())
     }
 
     async fn wait_for_release(

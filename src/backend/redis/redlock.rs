@@ -156,7 +156,7 @@ impl Backend for RedlockBackend {
         let fences: Vec<u64> = answers
             .iter()
             .filter_map(|a| match a {
-                Ok(Acquire::Acquired { fencing_token }) => Some(*fencing_token),
+                Ok(Acquire::Acquired { fencing_token, .. }) => Some(*fencing_token),
                 _ => None,
             })
             .collect();
@@ -168,6 +168,7 @@ impl Backend for RedlockBackend {
             if written.iter().filter(|w| w.is_ok()).count() >= self.quorum() {
                 return Ok(Acquire::Acquired {
                     fencing_token: fence,
+                    slot: 0,
                 });
             }
             let _ = self
@@ -236,13 +237,13 @@ impl Backend for RedlockBackend {
         }
     }
 
-    async fn inspect(&self, name: &str) -> Result<Option<Holder>, BackendError> {
+    async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
         let answers = self
             .on_all(Duration::from_secs(1), |n| n.inspect(name))
             .await;
         let holders: Vec<&Holder> = answers
             .iter()
-            .filter_map(|a| a.as_ref().ok()?.as_ref())
+            .filter_map(|a| a.as_ref().ok()?.first())
             .collect();
         let answered = answers.iter().filter(|a| a.is_ok()).count();
         if answered < self.quorum() {
@@ -256,10 +257,12 @@ impl Backend for RedlockBackend {
                     .max_by_key(|h| h.fencing_token)
                     .map(|h| (*h).clone())
             })
-            .flatten())
+            .flatten()
+            .into_iter()
+            .collect())
     }
 
-    async fn force_release(&self, name: &str) -> Result<Option<Holder>, BackendError> {
+    async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
         let answers = self
             .on_all(Duration::from_secs(1), |n| n.force_release(name))
             .await;
@@ -269,8 +272,10 @@ impl Backend for RedlockBackend {
         }
         Ok(answers
             .into_iter()
-            .filter_map(|a| a.ok().flatten())
-            .max_by_key(|h| h.fencing_token))
+            .filter_map(|a| a.ok()?.into_iter().next())
+            .max_by_key(|h| h.fencing_token)
+            .into_iter()
+            .collect())
     }
 
     async fn wait_for_release(

@@ -281,6 +281,7 @@ fn holder(fields: &[Value]) -> Result<Holder, ParsingError> {
         since_ms: number(since)?,
         fencing_token: number(fence)?,
         ttl_left: Duration::from_millis(ttl_left),
+        ..Holder::default()
     })
 }
 

@@ -288,14 +288,22 @@ impl Backend for ZkBackend {
         }
     }
 
-    async fn inspect(&self, name: &str) -> Result<Option<Holder>, BackendError> {
-        let client = self.session(ADMIN_SESSION).await?;
-        Ok(self.look(&client, &self.dir(name)).await?.map(|(h, _)| h))
+    async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
+        let one: Result<Option<Holder>, BackendError> = async {
+            let client = self.session(ADMIN_SESSION).await?;
+            Ok(self.look(&client, &self.dir(name)).await?.map(|(h, _)| h))
+        }
+        .await;
+        Ok(one?.into_iter().collect())
     }
 
-    async fn force_release(&self, name: &str) -> Result<Option<Holder>, BackendError> {
-        let client = self.session(ADMIN_SESSION).await?;
-        self.break_lock(&client, &self.dir(name)).await
+    async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
+        let one: Result<Option<Holder>, BackendError> = async {
+            let client = self.session(ADMIN_SESSION).await?;
+            self.break_lock(&client, &self.dir(name)).await
+        }
+        .await;
+        Ok(one?.into_iter().collect())
     }
 
     async fn wait_for_release(

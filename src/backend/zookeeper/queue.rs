@@ -202,7 +202,10 @@ impl ZkBackend {
         }
         self.local().waiting_for = None;
         match u64::try_from(node.czxid) {
-            Ok(fencing_token) if fencing_token > 0 => Ok(Acquire::Acquired { fencing_token }),
+            Ok(fencing_token) if fencing_token > 0 => Ok(Acquire::Acquired {
+                fencing_token,
+                slot: 0,
+            }),
             _ => Err(BackendError::Refused(format!(
                 "ZooKeeper at {} created the lock node without its zxid (the fencing token)",
                 self.at()

@@ -48,11 +48,11 @@ impl Backend for Scripted {
         Ok(())
     }
 
-    async fn inspect(&self, _: &str) -> Result<Option<Holder>, BackendError> {
+    async fn inspect(&self, _: &str) -> Result<Vec<Holder>, BackendError> {
         unreachable!("the acquire driver never inspects")
     }
 
-    async fn force_release(&self, _: &str) -> Result<Option<Holder>, BackendError> {
+    async fn force_release(&self, _: &str) -> Result<Vec<Holder>, BackendError> {
         unreachable!("the acquire driver never breaks a lock")
     }
 
@@ -103,7 +103,10 @@ async fn ambiguous_attempts_are_given_back_and_never_reused() {
     let backend = Scripted::new([
         Some(Err(BackendError::Unavailable("connection reset".into()))),
         None,
-        Some(Ok(Acquire::Acquired { fencing_token: 7 })),
+        Some(Ok(Acquire::Acquired {
+            fencing_token: 7,
+            slot: 0,
+        })),
     ]);
     let taken = run_acquire(&config("60s"), &backend).await.unwrap();
     let sent = backend.acquired_with.borrow().clone();
@@ -118,12 +121,16 @@ async fn ambiguous_attempts_are_given_back_and_never_reused() {
 async fn a_busy_lock_is_waited_for_with_the_same_token() {
     let backend = Scripted::new([
         Some(Ok(Acquire::Busy(holder()))),
-        Some(Ok(Acquire::Acquired { fencing_token: 4 })),
+        Some(Ok(Acquire::Acquired {
+            fencing_token: 4,
+            slot: 2,
+        })),
     ]);
     let taken = run_acquire(&config("60s"), &backend).await.unwrap();
     let sent = backend.acquired_with.borrow().clone();
     assert_eq!(sent[0], sent[1]);
     assert_eq!(taken.token, sent[0]);
+    assert_eq!((taken.fencing_token, taken.slot), (4, 2));
     assert!(backend.released.borrow().is_empty());
 }
 

@@ -55,12 +55,14 @@ pub(in crate::run) fn holder() -> Holder {
         since_ms: 1,
         fencing_token: 3,
         ttl_left: 2000 * MS,
+        ..Holder::default()
     }
 }
 
 fn acquired(sent_at: u64) -> Reply {
     Reply::Acquired {
         fencing_token: 9,
+        slot: 0,
         sent_at: at(sent_at),
     }
 }
@@ -79,6 +81,7 @@ fn an_answer_in_time_is_taken_with_the_token_it_was_sent_with() {
         Next::Take(Taken {
             sent_at: at(1500),
             fencing_token: 9,
+            slot: 0,
             token,
             waited: (500 + 2419) * MS,
         })
