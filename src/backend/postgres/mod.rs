@@ -1,54 +1,85 @@
-//! The PostgreSQL backend (`postgres://`, `postgresql://`): one lease row per lock.
+//! The PostgreSQL backend (`postgres://`, `postgresql://`): one lease row per lock, and
+//! per slot of a semaphore (`--slots N`).
 //!
 //! Table `T` (`--pg-table`, created with its sequence `T_fence` when missing) holds a row
 //! per lock key `PREFIX + NAME`: the holder's `token`, `fence`, `host`, `pid`, `since` and
 //! `expires_at`. Release and `release --force` do not delete the row: they mark it free
 //! (empty token, expired), so that the row lock orders every acquisition of a name.
 //!
+//! **Semaphores** (`--slots N`, N > 1) use the same table, unchanged: slot 0 is the
+//! plain lock's row `PREFIX + NAME` (so a plain lock, and an older lockrun, sees a
+//! semaphore's first holder as its holder), slot `i` the row `PREFIX + NAME + "#" + i`
+//! (`sql::slot_key`: no name has a `#`). Each slot is a lease of its own, renewed,
+//! expired and released as a plain lock's row. A semaphore's holder stores its token as
+//! `TOKEN/N` (`sql::stored_token`), which records N where no column has to be added: a
+//! row without `/N` (a plain lock, any older lockrun) was taken with N = 1. An
+//! acquisition that finds a live holder of slots 0 to N-1 taken with another N takes
+//! nothing and is refused (`backend::slots_conflict`); a plain acquisition is refused
+//! when its row's holder is a semaphore's. A semaphore's acquisition is one
+//! transaction, sent in one round trip: the transaction-level advisory lock of the name
+//! (`sql::name_lock`), then one statement that reads slots 0 to N-1, checks N, and
+//! takes the lowest free slot (a missing row, an expired or released one). Every
+//! semaphore acquisition of a name takes that lock, so each sees every one committed
+//! before it and none runs beside it; the write itself keeps the plain statement's
+//! conflict clause, safe against writers without the lock (a plain lockrun, an older
+//! one). Renewal and release name the token's slot (remembered from the acquisition;
+//! for a token whose acquisition's answer was lost, any of the N slots).
+//! `lockrun status --slots N` and `release --force --slots N` read and free every slot.
+//!
 //! **Rows of unused names** are deleted once their lease ended more than a day ago
-//! (`sql::RETENTION`), a few at a time, by acquisitions of names that have no row (the
-//! only statements that add one): the table holds about a day's worth of names. This
+//! (`sql::RETENTION`), a few at a time, by acquisitions that add a row (a name without
+//! one, a slot without one): the table holds about a day's worth of names. This
 //! keeps the ordering: a held row is never deleted (its lease has not ended), and the
-//! only token not taken under a row lock, the INSERT's `nextval` for a name without a
-//! row, could come out below a token already handed out for that name only if its
-//! statement drew it before that token was drawn and inserted after that token's row
-//! was deleted, that is, a day after that lease ended: no statement of ours runs that
-//! long (`statement_timeout` 10 s, `lock_timeout` 5 s; and one autocommit statement
-//! never waits a day on another). Tokens come from the sequence, not from the row, so
-//! they keep increasing once the row is gone.
+//! only token of a plain lock not taken under a row lock, the INSERT's `nextval` for a
+//! name without a row, could come out below a token already handed out for that name
+//! only if its statement drew it before that token was drawn and inserted after that
+//! token's row was deleted, that is, a day after that lease ended: no statement of ours
+//! runs that long (`statement_timeout` 10 s, `lock_timeout` 5 s; and one autocommit
+//! statement never waits a day on another). Tokens come from the sequence, not from the
+//! row, so they keep increasing once the row is gone.
 //!
-//! **Every row expires**: `expires_at` is `now()` plus a lease of at most a day
-//! (`sql::MAX_LEASE`, lockrun's longest `--ttl`), checked before a statement is sent; a
-//! statement that fails (an interval out of range) writes nothing.
+//! **Every row expires**: `expires_at` is the statement's clock plus a lease of at most
+//! a day (`sql::MAX_LEASE`, lockrun's longest `--ttl`), checked before a statement is
+//! sent; a statement that fails (an interval out of range) writes nothing.
 //!
-//! Every step is ONE autocommit statement, atomic on the server (see `sql.rs`):
+//! Every step is ONE autocommit statement, atomic on the server (see `sql.rs`), but a
+//! semaphore's acquisition, which is one statement in a transaction after the name's
+//! lock:
 //! - expiry is judged by the database's clock, `now()`: the start of the statement's own
-//!   transaction. It is one value for the whole statement (so no check can disagree with
-//!   another), it is never later than the real time of the check (so a lease is never
-//!   judged expired early), and it is never earlier than our request's sending (so an
-//!   expiry written as `now() + ttl` never ends before lockrun's local deadline);
+//!   transaction (in a semaphore's acquisition, `statement_timestamp()`, the start of the
+//!   statement after the wait for the name's lock). It is one value for the whole
+//!   statement (so no check can disagree with another), it is never later than the real
+//!   time of the check (so a lease is never judged expired early), and it is never
+//!   earlier than our request's sending (so an expiry written as `now() + ttl` never
+//!   ends before lockrun's local deadline);
 //! - renew and release act only where the stored token is ours and still valid;
 //! - the fencing token is `nextval` of the sequence, taken inside the acquiring write
-//!   while it holds the row lock, so it is larger than every token committed before for
-//!   that name, and durable with the commit (the session asks for
-//!   `synchronous_commit = on`, and the sequence caches nothing).
+//!   while it holds the row lock (a semaphore's: and the name's lock), so it is larger
+//!   than every token committed before for that name, whatever the slot, and durable
+//!   with the commit (the session asks for `synchronous_commit = on`, and the sequence
+//!   caches nothing). One sequence for the table: tokens increase over every name.
 //!
-//! `--wait`ers LISTEN on a channel per lock (`lockrun_` + a hash of table and key); a
-//! release NOTIFYs it in the same statement, so the wake-up is sent exactly when the
-//! release commits. Wake-ups ride on the connection, which a spawned task drives.
+//! `--wait`ers LISTEN on a channel per lock (`lockrun_` + a hash of table and key; one
+//! for every slot of a semaphore); a release NOTIFYs it in the same statement, so the
+//! wake-up is sent exactly when the release commits, and a freed slot wakes the waiters
+//! of the name (all of them, as for a plain lock: they race, and the losers wait
+//! again). Wake-ups ride on the connection, which a spawned task drives.
 //!
 //! The connection lives in a [`crate::backend::conn::Slot`]: made lazily, dropped after
 //! any error or abandoned call (the caller's timeout), made anew on the next call.
 //!
-//! Files: `target.rs` (the URL and `--pg-table`), `sql.rs` (the statements),
+//! Files: `target.rs` (the URL and `--pg-table`), `sql.rs` (the statements, the keys
+//! of slots), `requests.rs` (the lock's requests and the reading of their answers),
 //! `errors.rs` (error lines), `tls.rs` (rustls for `sslmode`).
 
 mod errors;
+mod requests;
 mod sql;
 mod target;
 mod tls;
 
 use std::future::poll_fn;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -58,10 +89,10 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, Connection as PgConnection, NoTls, Row};
 
-use crate::backend::conn::{self as slot, Connection, InUse, Slot, Wakeups};
-use crate::backend::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
+use crate::backend::conn::{Connection, InUse, Slot, Wakeups};
+use crate::backend::BackendError;
 use crate::config::BackendConfig;
-use sql::{channel, millis, Sql, SESSION};
+use sql::{channel, name_lock, Sql, SESSION};
 pub use target::{PgArgs, PostgresTarget, KIND};
 
 /// The longest a polite close may take before the connection is just dropped.
@@ -73,6 +104,12 @@ pub struct PostgresBackend {
     target: Box<PostgresTarget>,
     display: String,
     key_prefix: String,
+    /// `--slots`: 1 is a plain lock (today's row and statements), more a semaphore.
+    slots: u32,
+    /// The slot our last acquisition took, with its token: renewals and the release
+    /// touch that row only. A token not found here (an acquisition whose answer was
+    /// lost) is looked for in every slot.
+    held: Mutex<Option<(String, u32)>>,
     sql: Box<Sql>,
     waiting: bool,
     slot: Slot<PgConn>,
@@ -121,6 +158,8 @@ impl PostgresBackend {
             target: Box::new(target),
             display: config.display.clone(),
             key_prefix: config.key_prefix.clone(),
+            slots: config.slots,
+            held: Mutex::new(None),
             waiting,
             slot: Slot::default(),
         }
@@ -191,10 +230,22 @@ impl PostgresBackend {
         params: &Params<'_>,
         missing: Missing,
     ) -> Result<Vec<Row>, BackendError> {
+        self.query_locked(None, sql, params, missing).await
+    }
+
+    /// [`PostgresBackend::query`], in a transaction of its own after the advisory lock
+    /// `lock` when there is one ([`sql::name_lock`]).
+    async fn query_locked(
+        &self,
+        lock: Option<i64>,
+        sql: &str,
+        params: &Params<'_>,
+        missing: Missing,
+    ) -> Result<Vec<Row>, BackendError> {
         let mut created = false;
         loop {
             let c = self.conn().await?;
-            match c.client.query_typed(sql, params).await {
+            match statement(&c.client, lock, sql, params).await {
                 Ok(rows) => {
                     c.keep();
                     return Ok(rows);
@@ -266,75 +317,37 @@ impl PostgresBackend {
         channel(&self.target.table, &self.key(name))
     }
 
-    async fn try_acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
-        let key = self.key(name);
-        let pid = i64::from(req.pid);
-        let ttl = millis(req.ttl)?;
-        for _ in 0..3 {
-            let rows = self
-                .query(
-                    &self.sql.acquire,
-                    &[
-                        (&key, Type::TEXT),
-                        (&req.token, Type::TEXT),
-                        (&req.host, Type::TEXT),
-                        (&pid, Type::INT8),
-                        (&ttl, Type::INT8),
-                    ],
-                    Missing::Create,
-                )
-                .await?;
-            if let Some(row) = rows.first() {
-                return match row.try_get::<_, bool>(0) {
-                    // A sequence starts at 1: a token of 0 is not our table's.
-                    Ok(true) => match self.number(row, 1)? {
-                        0 => Err(self.unexpected()),
-                        fencing_token => Ok(Acquire::Acquired {
-                            fencing_token,
-                            slot: 0,
-                        }),
-                    },
-                    Ok(false) => Ok(Acquire::Busy(self.holder(row, 1)?)),
-                    Err(_) => Err(self.unexpected()),
-                };
-            }
-            // Taken by a transaction that committed after our statement's snapshot: its
-            // row is not visible to the statement, but is to the next one.
-            if let Some(holder) = self.inspect(name).await?.into_iter().next() {
-                return Ok(Acquire::Busy(holder));
-            }
-        }
-        Ok(Acquire::Busy(Holder::default()))
-    }
-
-    fn unexpected(&self) -> BackendError {
-        BackendError::Refused(format!(
-            "PostgreSQL at {} gave an unexpected answer: is {} a lockrun table?",
-            self.display, self.target.table
-        ))
-    }
-
-    fn number(&self, row: &Row, i: usize) -> Result<u64, BackendError> {
-        let n: i64 = row.try_get(i).map_err(|_| self.unexpected())?;
-        u64::try_from(n).map_err(|_| self.unexpected())
-    }
-
-    /// Parses `fence, host, pid, since_ms, ttl_ms` from column `at` on.
-    fn holder(&self, row: &Row, at: usize) -> Result<Holder, BackendError> {
-        Ok(Holder {
-            fencing_token: self.number(row, at)?,
-            host: row.try_get(at + 1).map_err(|_| self.unexpected())?,
-            pid: u32::try_from(self.number(row, at + 2)?).unwrap_or(0),
-            since_ms: self.number(row, at + 3)?,
-            ttl_left: Duration::from_millis(self.number(row, at + 4)?),
-            ..Holder::default()
-        })
-    }
-
     /// Translates a client error (see [`errors::describe`]).
     fn error(&self, e: &tokio_postgres::Error) -> BackendError {
         errors::describe(e, &self.display, &self.target.table)
     }
+}
+
+/// Runs `sql` on `client`: alone (autocommit), or with `lock` in a transaction after
+/// the advisory lock `lock`, pipelined in one round trip (BEGIN and the lock, the
+/// statement, COMMIT: each request is sent when its future is first polled, and
+/// `join3` polls them in order). A failure aborts the transaction; COMMIT then rolls
+/// it back, and the first failure is the answer.
+async fn statement(
+    client: &Client,
+    lock: Option<i64>,
+    sql: &str,
+    params: &Params<'_>,
+) -> Result<Vec<Row>, tokio_postgres::Error> {
+    let Some(lock) = lock else {
+        return client.query_typed(sql, params).await;
+    };
+    let begin = name_lock(lock);
+    let (locked, rows, committed) = futures_util::future::join3(
+        client.batch_execute(&begin),
+        client.query_typed(sql, params),
+        client.batch_execute("COMMIT"),
+    )
+    .await;
+    locked?;
+    let rows = rows?;
+    committed?;
+    Ok(rows)
 }
 
 /// Drives connection `conn` (it does the socket I/O for every request) and passes
@@ -349,104 +362,5 @@ where
         if let AsyncMessage::Notification(_) = message {
             let _ = wake.try_send(());
         }
-    }
-}
-
-impl Backend for PostgresBackend {
-    async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
-        let first = self.try_acquire(name, req).await?;
-        if !self.waiting
-            || matches!(first, Acquire::Acquired { .. })
-            || slot::subscribed(&self.slot, PgConn::wakeups)
-        {
-            return Ok(first);
-        }
-        // Busy, and about to wait: LISTEN, then try once more, so a release between the
-        // first try and the LISTEN is not missed. An uncontended run never pays for it.
-        self.listen(name).await?;
-        self.try_acquire(name, req).await
-    }
-
-    async fn renew(&self, name: &str, token: &str, ttl: Duration) -> Result<(), BackendError> {
-        let (key, ttl) = (self.key(name), millis(ttl)?);
-        let params: &Params<'_> = &[(&key, Type::TEXT), (&token, Type::TEXT), (&ttl, Type::INT8)];
-        match self.count(&self.sql.extend, params).await? {
-            0 => Err(BackendError::NotOwner),
-            _ => Ok(()),
-        }
-    }
-
-    async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
-        let key = self.key(name);
-        let released = match how {
-            Release::Now => {
-                let channel = self.channel(name);
-                let params: &Params<'_> = &[
-                    (&key, Type::TEXT),
-                    (&token, Type::TEXT),
-                    (&channel, Type::TEXT),
-                ];
-                self.count(&self.sql.release, params).await?
-            }
-            Release::KeepFor(d) => {
-                let keep = millis(d)?;
-                let params: &Params<'_> = &[
-                    (&key, Type::TEXT),
-                    (&token, Type::TEXT),
-                    (&keep, Type::INT8),
-                ];
-                self.count(&self.sql.extend, params).await?
-            }
-        };
-        // Releasing ends a run: nothing more to ask.
-        self.close().await;
-        match released {
-            0 => Err(BackendError::NotOwner),
-            _ => Ok(()),
-        }
-    }
-
-    async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
-        let one: Result<Option<Holder>, BackendError> = async {
-            let key = self.key(name);
-            let params: &Params<'_> = &[(&key, Type::TEXT)];
-            let rows = self
-                .query(&self.sql.inspect, params, Missing::NoRows)
-                .await?;
-            rows.first().map(|r| self.holder(r, 0)).transpose()
-        }
-        .await;
-        Ok(one?.into_iter().collect())
-    }
-
-    async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
-        let one: Result<Option<Holder>, BackendError> = async {
-            let (key, channel) = (self.key(name), self.channel(name));
-            let params: &Params<'_> = &[(&key, Type::TEXT), (&channel, Type::TEXT)];
-            let rows = self.query(&self.sql.force, params, Missing::NoRows).await?;
-            rows.first().map(|r| self.holder(r, 0)).transpose()
-        }
-        .await;
-        Ok(one?.into_iter().collect())
-    }
-
-    async fn wait_for_release(
-        &self,
-        _name: &str,
-        busy: &Holder,
-        max: Duration,
-    ) -> Result<(), BackendError> {
-        let slice = wait_slice(busy.ttl_left, max);
-        // The connection's end (`None`) forgets it: the next call listens again.
-        slot::wait_for_wakeup(&self.slot, PgConn::wakeups, slice, async |w| w.recv().await).await;
-        Ok(())
-    }
-
-    async fn stop_waiting(&self, _name: &str) -> Result<(), BackendError> {
-        // Nothing is queued on the server: a LISTEN ends with the connection. Giving up
-        // on a busy lock ends a run, so the connection is closed (a release that may
-        // follow, when abandoning, reconnects).
-        self.close().await;
-        Ok(())
     }
 }

@@ -68,6 +68,11 @@ impl Target for PostgresTarget {
     fn open(&self, config: &BackendConfig, waiting: bool) -> AnyBackend {
         AnyBackend::new(PostgresBackend::new(self.clone(), config, waiting))
     }
+
+    /// A semaphore's slots are rows of their own: see [`super`].
+    fn semaphores(&self) -> bool {
+        true
+    }
 }
 
 /// Checks a PostgreSQL URL and `--pg-table`; the context's password wins.
