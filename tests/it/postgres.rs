@@ -314,3 +314,382 @@ fn rows_of_names_unused_for_a_day_go_and_tokens_keep_increasing() {
         "tokens must strictly increase: {seen:?}"
     );
 }
+
+/// A command for a semaphore's holder: writes "SLOT TOKEN" to `$STARTED`, then runs
+/// until `$GO` exists.
+const HOLD_SLOT: &str = r#"echo "$LOCKRUN_SLOT $LOCKRUN_FENCING_TOKEN" > "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.02; done"#;
+
+/// Starts a lockrun of `name` with `opts` holding a slot until `s.touch("go")`; returns
+/// it with its slot and fencing token once its command runs.
+fn hold_slot(t: &Table, name: &str, s: &Scratch, opts: &[&str]) -> (Running, u32, u128) {
+    let mut cmd = t.run(name, opts, &sh(HOLD_SLOT));
+    cmd.env("STARTED", s.path("started"))
+        .env("GO", s.path("go"));
+    let r = spawn(cmd);
+    let line = wait_line(&s.path("started"));
+    let (slot, token) = line.trim().split_once(' ').expect("SLOT TOKEN");
+    (r, slot.parse().expect("a slot"), parse_token(token))
+}
+
+/// The rows of `t`: `(name, token, live)`, by name.
+fn rows(t: &Table) -> Vec<(String, String, bool)> {
+    let sql = format!(
+        "SELECT name || ' ' || token || ' ' || (expires_at > now())::text FROM {} \
+         ORDER BY name",
+        t.name
+    );
+    t.db.column(&sql)
+        .iter()
+        .map(|line| {
+            let f: Vec<&str> = line.split(' ').collect();
+            (f[0].to_owned(), f[1].to_owned(), f[2] == "true")
+        })
+        .collect()
+}
+
+/// Slot 0 of a semaphore is the plain lock's row; slot i is the row `KEY#i`; each
+/// holder's token records N. A full semaphore is busy; a freed slot is the one taken
+/// next, whatever the other slots.
+#[test]
+fn a_semaphores_slots_are_rows_of_their_own() {
+    let t = Table::private();
+    let slots = ["--slots", "3"];
+    let scratch: Vec<Scratch> = (0..3).map(|_| Scratch::new()).collect();
+    let mut holders = Vec::new();
+    for (i, s) in scratch.iter().enumerate() {
+        let (r, slot, token) = hold_slot(&t, "job", s, &slots);
+        assert_eq!(slot, i as u32, "not the lowest free slot");
+        holders.push((r, token));
+    }
+    let stored = rows(&t);
+    let keys: Vec<String> = stored.iter().map(|r| r.0.clone()).collect();
+    assert_eq!(keys, ["lockrun:job", "lockrun:job#1", "lockrun:job#2"]);
+    for (name, token, live) in &stored {
+        assert!(*live, "{name} is not held");
+        let (hex, n) = token.split_once('/').expect("a token with its N");
+        assert_eq!(n, "3", "{name}: {token}");
+        assert!(hex.len() >= 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()));
+    }
+    let tokens: Vec<u128> = holders.iter().map(|h| h.1).collect();
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    // Full: busy, without running the command.
+    let busy = run(t.run("job", &slots, &["true"]));
+    busy.assert_code(75);
+    let (code, v) = t.status_json_with("job", &slots);
+    assert_eq!(code, Some(0));
+    let held: Vec<(u64, u64)> = v["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h["slot"].as_u64().unwrap(),
+                h["fencing_token"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let expected: Vec<(u64, u64)> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| (i as u64, t as u64))
+        .collect();
+    assert_eq!(held, expected);
+    // Slot 1 freed: the next holder gets slot 1, with a larger token.
+    scratch[1].touch("go");
+    holders[1].0.wait().assert_code(0);
+    let s = Scratch::new();
+    let (mut next, slot, token) = hold_slot(&t, "job", &s, &slots);
+    assert_eq!(slot, 1);
+    assert!(token > tokens[2], "{token} after {tokens:?}");
+    s.touch("go");
+    next.wait().assert_code(0);
+    for (s, (mut r, _)) in scratch.iter().zip(holders) {
+        s.touch("go");
+        let f = r.wait();
+        assert!(f.code == Some(0), "{:?}", f.stderr);
+    }
+    // Released rows stay, free (empty token, expired).
+    assert!(rows(&t)
+        .iter()
+        .all(|(_, token, live)| token.is_empty() && !live));
+}
+
+/// Two N for one name are refused (125) in both directions, before any command runs:
+/// a plain holder against a semaphore, a semaphore's holder against a plain lock and
+/// against another N.
+#[test]
+fn holders_with_another_slots_are_refused() {
+    let t = Table::private();
+    let s = Scratch::new();
+    let ran = s.path("ran");
+    let touch = ["touch", ran.to_str().unwrap()];
+    let (mut plain, _, _) = hold_slot(&t, "job", &s, &[]);
+    let f = run(t.run("job", &["--slots", "2"], &touch));
+    f.assert_failure(125);
+    assert!(
+        f.stderr.contains("a plain lock (--slots 1), not --slots 2"),
+        "{}",
+        f.stderr
+    );
+    s.touch("go");
+    plain.wait().assert_code(0);
+
+    let s2 = Scratch::new();
+    let (mut sem, slot, _) = hold_slot(&t, "job", &s2, &["--slots", "2"]);
+    assert_eq!(slot, 0);
+    for (opts, says) in [
+        (&[][..], "--slots 2, not a plain lock (--slots 1)"),
+        (&["--slots", "3"][..], "--slots 2, not --slots 3"),
+    ] {
+        let f = run(t.run("job", opts, &touch));
+        f.assert_failure(125);
+        assert!(f.stderr.contains(says), "{opts:?}: {}", f.stderr);
+    }
+    assert!(!s.exists("ran"), "a refused run ran its command");
+    s2.touch("go");
+    sem.wait().assert_code(0);
+    // Once free, any N may take the name.
+    run(t.run("job", &["--slots", "3"], &["true"])).assert_code(0);
+}
+
+/// A row written by a lockrun from before semaphores (a token without `/N`) is a plain
+/// lock to a semaphore: refused while it is live, and shown as a plain lock's holder.
+#[test]
+fn a_row_of_an_older_lockrun_is_a_plain_lock() {
+    let t = Table::private();
+    run(t.run("job", &[], &["true"])).assert_code(0);
+    t.sql(
+        "job",
+        "UPDATE $T SET token = '0123456789abcdef0123456789abcdef', host = 'old-host', \
+         pid = 4242, expires_at = now() + interval '30 seconds' WHERE name = $K RETURNING 1",
+    );
+    let f = run(t.run("job", &["--slots", "4"], &["true"]));
+    f.assert_failure(125);
+    assert!(
+        f.stderr.contains("a plain lock (--slots 1)"),
+        "{}",
+        f.stderr
+    );
+    let (code, v) = t.status_json_with("job", &["--slots", "4"]);
+    assert_eq!(code, Some(0));
+    let holders = v["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 1, "{v}");
+    assert_eq!(
+        (&holders[0]["slot"], &holders[0]["host"]),
+        (&0.into(), &"old-host".into())
+    );
+    // Broken by force, it is free for the semaphore.
+    let f = t.admin("release", &["--force", "--slots", "4", "job"]);
+    f.assert_code(0);
+    let f = run(t.run("job", &["--slots", "4"], &sh("echo $LOCKRUN_SLOT")));
+    assert_eq!(f.assert_code(0).stdout.trim(), "0");
+}
+
+/// Many lockruns started at once on a free semaphore of 2, without --wait: exactly two
+/// take it, in slots 0 and 1; every other one finds it busy (75).
+#[test]
+fn concurrent_acquirers_take_distinct_slots() {
+    let t = Table::private();
+    // The table exists before the race, so that the race is on the slots.
+    run(t.run("warm-up", &[], &["true"])).assert_code(0);
+    let scratch: Vec<Scratch> = (0..8).map(|_| Scratch::new()).collect();
+    let go = Scratch::new();
+    let mut runs: Vec<Running> = scratch
+        .iter()
+        .map(|s| {
+            let mut cmd = t.run("job", &["--slots", "2"], &sh(HOLD_SLOT));
+            cmd.env("STARTED", s.path("started"))
+                .env("GO", go.path("go"));
+            spawn(cmd)
+        })
+        .collect();
+    let n = runs.len();
+    wait_until("every run but the holders ends", WAIT, || {
+        runs.iter_mut()
+            .map(|r| !r.is_running())
+            .filter(|&ended| ended)
+            .count()
+            == n - 2
+    });
+    let mut slots: Vec<u32> = scratch
+        .iter()
+        .filter(|s| s.exists("started"))
+        .map(|s| {
+            let line = wait_line(&s.path("started"));
+            line.split(' ').next().unwrap().parse().unwrap()
+        })
+        .collect();
+    slots.sort();
+    assert_eq!(slots, [0, 1]);
+    go.touch("go");
+    let codes: Vec<Option<i32>> = runs.iter_mut().map(|r| r.wait().code).collect();
+    assert_eq!(
+        codes.iter().filter(|&&c| c == Some(0)).count(),
+        2,
+        "{codes:?}"
+    );
+    assert_eq!(
+        codes.iter().filter(|&&c| c == Some(75)).count(),
+        6,
+        "{codes:?}"
+    );
+}
+
+/// Waiters on a semaphore of 2 under contention: never more than two inside, never two
+/// on one slot, every one runs, tokens increase with each start.
+#[test]
+fn waiters_on_a_semaphore_never_share_a_slot() {
+    let t = Table::private();
+    run(t.run("warm-up", &[], &["true"])).assert_code(0);
+    let s = Scratch::new();
+    let section = r#"
+        mkdir "$DIR/slot$LOCKRUN_SLOT" 2>/dev/null || echo "slot $LOCKRUN_SLOT shared" >> "$DIR/bad"
+        echo "S $(date +%s%N) $LOCKRUN_SLOT" >> "$DIR/hist"
+        sleep 0.15
+        echo "E $(date +%s%N) $LOCKRUN_SLOT" >> "$DIR/hist"
+        rmdir "$DIR/slot$LOCKRUN_SLOT"
+    "#;
+    let mut runs: Vec<Running> = (0..8)
+        .map(|_| {
+            let mut cmd = t.run("job", &["--slots", "2", "--wait", "60s"], &sh(section));
+            cmd.env("DIR", s.path("."));
+            spawn(cmd)
+        })
+        .collect();
+    for r in &mut runs {
+        r.wait().assert_code(0);
+    }
+    assert!(!s.exists("bad"), "{}", s.read("bad"));
+    // Replay the history: at most two inside at any time.
+    let mut events: Vec<(u128, bool)> = s
+        .read("hist")
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f[1].parse().unwrap(), f[0] == "S")
+        })
+        .collect();
+    assert_eq!(events.len(), 16);
+    events.sort();
+    let mut inside = 0;
+    for (_, start) in events {
+        inside = if start { inside + 1 } else { inside - 1 };
+        assert!(inside <= 2, "{inside} inside at once");
+    }
+}
+
+/// The backend as lockrun opens it for `--slots slots` on `t`, in this process.
+fn open(t: &Table, slots: u32) -> lockrun::backend::AnyBackend {
+    use clap::Parser;
+    use lockrun::cli::{Cli, Command};
+    let n = slots.to_string();
+    let argv = [
+        "lockrun",
+        "status",
+        "--url",
+        &t.url,
+        "--pg-table",
+        &t.name,
+        "--slots",
+        &n,
+        "job",
+    ];
+    let Command::Status(args) = Cli::try_parse_from(argv).unwrap().command else {
+        unreachable!("parsed as status")
+    };
+    let config = lockrun::config::BackendConfig::from_args(&args.backend, None).unwrap();
+    lockrun::backend::AnyBackend::open(&config, false)
+}
+
+/// A release by a lockrun that never read its acquisition's answer (the acquisition
+/// timed out, its token is given back) finds the token's slot among all N: the slot
+/// frees at once, not at the lease's expiry. Only that token's row.
+#[test]
+fn a_token_whose_answer_was_lost_is_released_from_its_slot() {
+    use lockrun::backend::{Acquire, AcquireRequest, Backend, BackendError, Release};
+    let t = Table::private();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let request = |token: &str| AcquireRequest {
+        token: token.to_owned(),
+        ttl: Duration::from_secs(60),
+        host: "test-host".to_owned(),
+        pid: 7,
+    };
+    let (first, second) = ("a".repeat(32), "b".repeat(32));
+    rt.block_on(async {
+        let taken = open(&t, 3).acquire("job", &request(&first)).await.unwrap();
+        assert!(
+            matches!(taken, Acquire::Acquired { slot: 0, .. }),
+            "{taken:?}"
+        );
+        // The acquisition whose answer is "lost": its backend is gone with it.
+        let taken = open(&t, 3).acquire("job", &request(&second)).await.unwrap();
+        assert!(
+            matches!(taken, Acquire::Acquired { slot: 1, .. }),
+            "{taken:?}"
+        );
+        let other = open(&t, 3);
+        assert_eq!(
+            other.release("job", &"c".repeat(32), Release::Now).await,
+            Err(BackendError::NotOwner)
+        );
+        other.release("job", &second, Release::Now).await.unwrap();
+        let holders = open(&t, 3).inspect("job").await.unwrap();
+        let slots: Vec<u32> = holders.iter().map(|h| h.slot).collect();
+        assert_eq!(slots, [0]);
+        assert_eq!((holders[0].slots, holders[0].pid), (3, 7));
+        // Renewal too finds a token's slot without its acquisition's answer.
+        let other = open(&t, 3);
+        other
+            .renew("job", &first, Duration::from_secs(90))
+            .await
+            .unwrap();
+        assert_eq!(
+            other.renew("job", &second, Duration::from_secs(90)).await,
+            Err(BackendError::NotOwner)
+        );
+    });
+    assert_eq!(
+        t.sql("job", "SELECT token FROM $T WHERE name = $K || '#1'")
+            .as_deref(),
+        Some("")
+    );
+    let left = t.sql(
+        "job",
+        "SELECT (expires_at - now() > interval '80 seconds')::text FROM $T WHERE name = $K",
+    );
+    assert_eq!(left.as_deref(), Some("true"), "slot 0 was not renewed");
+}
+
+/// `--hold-at-least` keeps a semaphore's slot after its command ended, then lets it
+/// expire: the slot is taken again only after that.
+#[test]
+fn hold_at_least_keeps_a_slot() {
+    let t = Table::private();
+    let s = Scratch::new();
+    let slots = ["--slots", "2"];
+    let (mut first, slot, _) = hold_slot(&t, "job", &s, &slots);
+    assert_eq!(slot, 0);
+    let opts = ["--slots", "2", "--hold-at-least", "3s"];
+    let f = run(t.run("job", &opts, &sh("echo $LOCKRUN_SLOT")));
+    assert_eq!(f.assert_code(0).stdout.trim(), "1");
+    run(t.run("job", &slots, &["true"])).assert_code(75);
+    let kept = t.sql(
+        "job",
+        "SELECT (expires_at > now())::text FROM $T WHERE name = $K || '#1'",
+    );
+    assert_eq!(kept.as_deref(), Some("true"));
+    let at = Instant::now();
+    let f = run(t.run(
+        "job",
+        &["--slots", "2", "--wait", "20s"],
+        &sh("echo $LOCKRUN_SLOT"),
+    ));
+    assert_eq!(f.assert_code(0).stdout.trim(), "1");
+    assert!(at.elapsed() > Duration::from_secs(1), "{:?}", at.elapsed());
+    s.touch("go");
+    first.wait().assert_code(0);
+}

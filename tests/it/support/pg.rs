@@ -148,7 +148,15 @@ impl Table {
 
     /// `lockrun status --json` of `name`: its exit code and the parsed object.
     pub fn status_json(&self, name: &str) -> (Option<i32>, serde_json::Value) {
-        let f = self.admin("status", &["--json", name]);
+        self.status_json_with(name, &[])
+    }
+
+    /// [`Table::status_json`] with options (`--slots N`).
+    pub fn status_json_with(&self, name: &str, opts: &[&str]) -> (Option<i32>, serde_json::Value) {
+        let mut args = vec!["--json"];
+        args.extend_from_slice(opts);
+        args.push(name);
+        let f = self.admin("status", &args);
         let v = serde_json::from_str(f.stdout.trim()).unwrap_or_else(|e| {
             panic!(
                 "status --json printed no JSON object ({e}): stdout {:?}, stderr {:?}",
