@@ -206,6 +206,48 @@ pub fn most_inside(spans: &[SlotSpan]) -> usize {
     most as usize
 }
 
+/// The sections of `spans` as [`Span`]s (their slots left out).
+fn plain(spans: &[SlotSpan]) -> Vec<Span> {
+    spans
+        .iter()
+        .map(|s| Span {
+            token: s.token,
+            start: s.start,
+            end: s.end,
+        })
+        .collect()
+}
+
+/// The pairs of sections that overlapped in time on one slot, as indexes into `spans`,
+/// the one that started first on the left.
+pub fn slot_overlaps(spans: &[SlotSpan]) -> Vec<(usize, usize)> {
+    overlaps(&plain(spans))
+        .into_iter()
+        .filter(|&(a, b)| spans[a].slot == spans[b].slot)
+        .collect()
+}
+
+/// Every section that started while `slots` or more others were inside (so that more
+/// than `slots` were inside at once), as its index into `spans` with the indexes of
+/// those others. Of sections that start at one instant, each counts the ones before it
+/// in `spans` as already inside; a section that ends at the instant another starts is
+/// no longer inside (as in [`most_inside`]).
+pub fn crowded(spans: &[SlotSpan], slots: u32) -> Vec<(usize, Vec<usize>)> {
+    let mut order: Vec<usize> = (0..spans.len()).collect();
+    order.sort_by_key(|&i| (spans[i].start, i));
+    let mut inside: Vec<usize> = Vec::new();
+    let mut found = Vec::new();
+    for b in order {
+        let start = spans[b].start;
+        inside.retain(|&a| spans[a].end > start);
+        if inside.len() >= slots as usize {
+            found.push((b, inside.clone()));
+        }
+        inside.push(b);
+    }
+    found
+}
+
 /// Everything wrong with the history of a semaphore of `slots` slots, one line each:
 /// more than `slots` inside at once, a slot out of range, two overlapping sections on
 /// one slot, a token used twice, and a section with a token not above that of one
@@ -224,15 +266,15 @@ pub fn semaphore_violations(spans: &[SlotSpan], slots: u32) -> Vec<String> {
             s.token, s.slot
         ));
     }
+    for (a, b) in slot_overlaps(spans) {
+        let (a, b) = (spans[a], spans[b]);
+        found.push(format!(
+            "slot {} held twice at once: token {} ran {:?}..{:?}, token {} ran {:?}..{:?}",
+            a.slot, a.token, a.start, a.end, b.token, b.start, b.end
+        ));
+    }
     for (i, a) in spans.iter().enumerate() {
         for b in &spans[i + 1..] {
-            let overlap = a.start < b.end && b.start < a.end;
-            if overlap && a.slot == b.slot {
-                found.push(format!(
-                    "slot {} held twice at once: token {} ran {:?}..{:?}, token {} ran {:?}..{:?}",
-                    a.slot, a.token, a.start, a.end, b.token, b.start, b.end
-                ));
-            }
             let (first, then) = if a.end <= b.start { (a, b) } else { (b, a) };
             if first.end <= then.start && then.token <= first.token {
                 found.push(format!(
@@ -242,16 +284,8 @@ pub fn semaphore_violations(spans: &[SlotSpan], slots: u32) -> Vec<String> {
             }
         }
     }
-    let plain: Vec<Span> = spans
-        .iter()
-        .map(|s| Span {
-            token: s.token,
-            start: s.start,
-            end: s.end,
-        })
-        .collect();
     found.extend(
-        reused_tokens(&plain)
+        reused_tokens(&plain(spans))
             .into_iter()
             .map(|t| format!("token {t} was handed to two sections")),
     );
@@ -366,6 +400,25 @@ mod semaphore_checker {
         ];
         assert_eq!(semaphore_violations(&ok, 3), Vec::<String>::new());
         assert_eq!(most_inside(&ok), 3);
+    }
+
+    #[test]
+    fn crowds_and_slot_overlaps_name_the_sections() {
+        // 0..100 on slots 0, 1, 2; a fourth starts at 50 on slot 1; one at 100 (after
+        // the first three ended) is not crowded.
+        let spans = [
+            span(1, 0, 0, 100),
+            span(2, 1, 0, 100),
+            span(3, 2, 10, 100),
+            span(4, 1, 50, 150),
+            span(5, 0, 100, 200),
+        ];
+        assert_eq!(crowded(&spans, 3), vec![(3, vec![0, 1, 2])]);
+        assert_eq!(crowded(&spans, 4), vec![]);
+        assert_eq!(slot_overlaps(&spans), vec![(1, 3)]);
+        // Starting at one instant: the later one in `spans` sees the earlier inside.
+        let same = [span(1, 0, 0, 100), span(2, 1, 0, 100)];
+        assert_eq!(crowded(&same, 1), vec![(1, vec![0])]);
     }
 
     #[test]
