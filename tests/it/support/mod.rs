@@ -45,7 +45,7 @@ pub use history::{
 pub use pg::{Db, PrivatePg, Table};
 pub use process::*;
 pub use proxy::{Mode, Proxy, Watch, Watcher};
-pub use redis::{fence_key, lock_key, waiter_key, RedisServer};
+pub use redis::{fence_key, limit_key, lock_key, slot_key, waiter_key, RedisServer};
 pub use scratch::{wait_line, wait_pid, Scratch};
 pub use sentinel::Sentinel;
 pub use serial::alone;
