@@ -6,7 +6,8 @@
 //! One checker for both phases: a plain lock is a semaphore of one slot
 //! ([`History::slots`]). With N slots (property 9) it checks, in the same terms as for a
 //! plain lock:
-//! - every section ran on a slot in 0..N, the one its lockrun logged acquiring;
+//! - every section ran on a slot in 0..N, the one its lockrun logged acquiring and the
+//!   one the server's reply (as the tap saw it) named;
 //! - two sections on one slot never overlapped, and no section started while N others
 //!   were inside (support's `slot_overlaps` and `crowded`), unless a fault that may
 //!   cause it (data loss, a clock jump, a pause of the stale holder's lockrun) explains
@@ -235,8 +236,8 @@ pub fn check(h: &History<'_>) -> Report {
                 .push("a section wrote before saying which token it has".into());
         }
     }
-    check_slots(h, &sections, &logged_slots, &mut r);
     let acquires = check_fences(h, &sections, &mut r);
+    check_slots(h, &sections, &logged_slots, &acquires, &mut r);
     check_overlaps(h, &sections, &acquires, &mut r);
     check_store(h, &sections, &mut r);
     check_deadlines(h, &sections, &runs, &acquires, &mut r);
@@ -295,8 +296,15 @@ fn check_runs<'a>(h: &History<'a>, r: &mut Report) -> (HashMap<u64, &'a Run>, Ha
 }
 
 /// Property 9's slots: every section ran on a slot in 0..N, the one its lockrun logged
-/// acquiring; the figures by slot.
-fn check_slots(h: &History<'_>, sections: &[&Section], logged: &HashMap<u64, u64>, r: &mut Report) {
+/// acquiring and the one the server's reply named (when it names one); the figures by
+/// slot.
+fn check_slots(
+    h: &History<'_>,
+    sections: &[&Section],
+    logged: &HashMap<u64, u64>,
+    acquires: &HashMap<u64, &Record>,
+    r: &mut Report,
+) {
     for s in sections {
         *r.by_slot.entry(s.slot).or_default() += 1;
         if s.slot >= h.slots {
@@ -314,6 +322,14 @@ fn check_slots(h: &History<'_>, sections: &[&Section], logged: &HashMap<u64, u64
             )),
             // A token no lockrun logged is reported by the deadline check.
             None => {}
+        }
+        let given = acquires.get(&s.fence).and_then(|a| a.slot());
+        if given.is_some_and(|g| g != s.slot) {
+            r.failures.push(format!(
+                "the section with token {} got LOCKRUN_SLOT={} but the server handed out \
+                 slot {given:?} with that token",
+                s.fence, s.slot
+            ));
         }
     }
     r.most_inside = most_inside(&slot_spans(sections));

@@ -380,6 +380,27 @@ fn semaphore_checker_flags_a_slot_out_of_range_or_not_the_one_acquired() {
         "{:?}",
         r.failures
     );
+    // Or than the one the server's reply named (`{1, fence, slot, free}`).
+    let mut records = records;
+    let with_slot = |fence: u64, slot: i64| {
+        Some(tap::Resp::Array(vec![
+            tap::Resp::Int(1),
+            tap::Resp::Text(fence.to_string()),
+            tap::Resp::Int(slot),
+            tap::Resp::Text("001".into()),
+        ]))
+    };
+    records[0].reply = with_slot(100, 0);
+    records[1].reply = with_slot(200, 2);
+    runs[1] = holder_run(12, 200, 1, 0, 1610);
+    let r = check_slots_of(3, &records, &sections, &runs, &[], &[]);
+    assert_eq!(
+        r.failures,
+        [
+            "the section with token 200 got LOCKRUN_SLOT=1 but the server handed out slot \
+          Some(2) with that token"
+        ]
+    );
 }
 
 #[test]

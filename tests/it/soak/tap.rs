@@ -160,6 +160,20 @@ impl Record {
         }
     }
 
+    /// For a successful acquire whose reply names the slot taken (`{1, fence, slot,
+    /// ...}`): that slot.
+    pub fn slot(&self) -> Option<u32> {
+        match (&self.call, &self.reply) {
+            (Call::Acquire, Some(Resp::Array(a))) if a.first() == Some(&Resp::Int(1)) => {
+                match a.get(2)? {
+                    Resp::Int(i) => u32::try_from(*i).ok(),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    }
+
     /// True for an acquire that took the lock or a renewal that extended it.
     pub fn succeeded(&self) -> bool {
         match self.call {
