@@ -5,6 +5,12 @@
 //! in the order the sections ran. The conformance suite and the contention tests use it
 //! as is ([`Sections`] records the history of a shell command); the soak gives it the
 //! sections its commands reported and explains the overlaps its faults may cause.
+//!
+//! Semaphores (property 9) have theirs: [`SlotSpan`]s, with [`semaphore_violations`]
+//! for a history that must be clean ([`SlotSections`]), and its parts for a checker
+//! that explains what it finds (the soak): [`slot_overlaps`] (two sections on one slot
+//! at once), [`crowded`] (a section that started while N others were inside) and
+//! [`most_inside`].
 
 use std::collections::HashMap;
 use std::process::Command;
