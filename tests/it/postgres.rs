@@ -7,6 +7,8 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::Signal;
+
 use crate::support::*;
 
 /// A command that records its pid and fencing token, then runs until killed.
@@ -470,17 +472,25 @@ fn a_row_of_an_older_lockrun_is_a_plain_lock() {
         "{}",
         f.stderr
     );
-    let (code, v) = t.status_json_with("job", &["--slots", "4"]);
+    // status sees a plain lock's holder in slot 0: shown without --slots, refused
+    // with another N.
+    let (code, v) = t.status_json("job");
     assert_eq!(code, Some(0));
     let holders = v["holders"].as_array().unwrap();
     assert_eq!(holders.len(), 1, "{v}");
     assert_eq!(
-        (&holders[0]["slot"], &holders[0]["host"]),
-        (&0.into(), &"old-host".into())
+        (&holders[0]["slot"], &holders[0]["host"], &holders[0]["pid"]),
+        (&0.into(), &"old-host".into(), &4242.into())
+    );
+    let f = t.admin("status", &["--slots", "4", "job"]);
+    f.assert_failure(125);
+    assert!(
+        f.stderr.contains("a plain lock (--slots 1)"),
+        "{}",
+        f.stderr
     );
     // Broken by force, it is free for the semaphore.
-    let f = t.admin("release", &["--force", "--slots", "4", "job"]);
-    f.assert_code(0);
+    t.admin("release", &["--force", "job"]).assert_code(0);
     let f = run(t.run("job", &["--slots", "4"], &sh("echo $LOCKRUN_SLOT")));
     assert_eq!(f.assert_code(0).stdout.trim(), "0");
 }
@@ -692,4 +702,125 @@ fn hold_at_least_keeps_a_slot() {
     assert!(at.elapsed() > Duration::from_secs(1), "{:?}", at.elapsed());
     s.touch("go");
     first.wait().assert_code(0);
+}
+
+/// The queue of a semaphore's waiters, as the server sees it: (granted, waiting)
+/// session-level advisory locks of one bigint key (the queue locks; the name locks of
+/// acquisitions last a statement).
+fn queue(t: &Table) -> (u32, u32) {
+    let sql =
+        "SELECT count(*) FILTER (WHERE granted) || ' ' || count(*) FILTER (WHERE NOT granted) \
+               FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1";
+    let v = t.db.value(sql).unwrap_or_default();
+    let (g, w) = v.split_once(' ').unwrap_or(("0", "0"));
+    (g.parse().unwrap_or(0), w.parse().unwrap_or(0))
+}
+
+/// Two holders of a semaphore of 2, then two waiters, the first at the head of the
+/// queue: returns them (holders, waiters) once the server shows that queue.
+fn full_semaphore_with_two_waiters(
+    t: &Table,
+) -> (Vec<(Running, Scratch)>, Vec<(Running, Scratch)>) {
+    let opts = ["--slots", "2", "--ttl", "30s", "--renew-every", "1s"];
+    let holders: Vec<(Running, Scratch)> = (0..2)
+        .map(|_| {
+            let s = Scratch::new();
+            let (r, _, _) = hold_slot(t, "job", &s, &opts);
+            (r, s)
+        })
+        .collect();
+    let mut waiters = Vec::new();
+    for _ in 0..2 {
+        let s = Scratch::new();
+        let opts = ["-v", "--slots", "2", "--wait", "60s", "--ttl", "30s"];
+        let mut cmd = t.run("job", &opts, &sh(HOLD_SLOT));
+        cmd.env("STARTED", s.path("started"))
+            .env("GO", s.path("go"));
+        let mut r = spawn(cmd);
+        wait_until("the waiter waits", WAIT, || {
+            r.stderr_so_far().contains("waiting up to")
+        });
+        waiters.push((r, s));
+    }
+    wait_until("one waiter heads the queue, one waits behind", WAIT, || {
+        queue(t) == (1, 1)
+    });
+    (holders, waiters)
+}
+
+/// The head of a queue that stops trying (frozen) is ended by the server after
+/// `sql::HEAD_IDLE`: the waiter behind it takes the slot freed meanwhile, long before
+/// its --wait runs out.
+#[test]
+fn a_frozen_head_of_the_queue_lets_the_next_waiter_on() {
+    let t = Table::private();
+    let (mut holders, mut waiters) = full_semaphore_with_two_waiters(&t);
+    waiters[0].0.signal(Signal::SIGSTOP);
+    let freed = Instant::now();
+    holders[0].1.touch("go");
+    holders[0].0.wait().assert_code(0);
+    wait_until("the second waiter runs", WAIT, || {
+        waiters[1].1.exists("started")
+    });
+    let took = freed.elapsed();
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    waiters[0].0.signal(Signal::SIGCONT);
+    for (r, s) in holders.iter_mut().chain(waiters.iter_mut()) {
+        s.touch("go");
+        r.wait().assert_code(0);
+    }
+}
+
+/// A killed head of the queue leaves it with its connection: the next waiter heads it
+/// at once and takes the next slot freed.
+#[test]
+fn a_killed_head_of_the_queue_lets_the_next_waiter_on() {
+    let t = Table::private();
+    let (mut holders, mut waiters) = full_semaphore_with_two_waiters(&t);
+    waiters[0].0.signal(Signal::SIGKILL);
+    waiters[0].0.wait();
+    wait_until("the second waiter heads the queue", WAIT, || {
+        queue(&t) == (1, 0)
+    });
+    let freed = Instant::now();
+    holders[1].1.touch("go");
+    holders[1].0.wait().assert_code(0);
+    wait_until("the second waiter runs", WAIT, || {
+        waiters[1].1.exists("started")
+    });
+    assert!(
+        freed.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        freed.elapsed()
+    );
+    let slot = waiters[1].1.read("started");
+    assert_eq!(
+        slot.split(' ').next(),
+        Some("1"),
+        "not the slot freed: {slot}"
+    );
+    for (r, s) in [&mut holders[0], &mut waiters[1]] {
+        s.touch("go");
+        r.wait().assert_code(0);
+    }
+}
+
+/// A waiter behind the head gives up when its --wait runs out (75), not later.
+#[test]
+fn a_queued_waiter_gives_up_when_its_wait_runs_out() {
+    let t = Table::private();
+    let (mut holders, mut waiters) = full_semaphore_with_two_waiters(&t);
+    let at = Instant::now();
+    let f = run(t.run("job", &["--slots", "2", "--wait", "1500ms"], &["true"]));
+    f.assert_failure(75);
+    let took = at.elapsed();
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_secs(5),
+        "gave up after {took:?}"
+    );
+    assert_eq!(queue(&t), (1, 1), "the queue changed");
+    for (r, s) in holders.iter_mut().chain(waiters.iter_mut()) {
+        s.touch("go");
+        r.wait().assert_code(0);
+    }
 }

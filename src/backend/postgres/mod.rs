@@ -79,6 +79,7 @@ mod target;
 mod tls;
 
 use std::future::poll_fn;
+use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -123,6 +124,9 @@ struct PgConn {
     /// Wake-ups from NOTIFY (at most one pending: one is as good as many), once the
     /// connection LISTENs on the lock's channel.
     wakeups: Wakeups<mpsc::Receiver<()>>,
+    /// The session holds its semaphore's queue lock: it is the head of the waiters
+    /// (`sql::join_queue`). The lock ends with the session.
+    queued: AtomicBool,
 }
 
 impl PgConn {
@@ -211,6 +215,7 @@ impl PostgresBackend {
             client,
             driver,
             wakeups: Wakeups::new(Some(wakeups)),
+            queued: AtomicBool::new(false),
         };
         match conn.client.batch_execute(SESSION).await {
             Ok(()) => Ok(conn),

@@ -3,13 +3,16 @@
 //! renewal, release, `status` and `release --force`, waiting; and the reading of the
 //! statements' answer rows. The statements are in `sql.rs`; part of [`super`].
 
+use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 use std::time::Duration;
 
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
-use super::sql::{millis, name_lock_id, slot_key, slot_keys, stored_token, OnToken};
+use super::sql::{join_queue, leave_queue, millis, name_lock_id, queue_lock_id};
+use super::sql::{slot_key, slot_keys, stored_token, OnToken};
 use super::{Missing, Params, PgConn, PostgresBackend};
 use crate::backend::conn as slot;
 use crate::backend::{
@@ -57,6 +60,86 @@ impl PostgresBackend {
                 self.count(sql, params).await
             }
         }
+    }
+
+    /// An acquisition that, when busy for a caller that will wait, LISTENs for
+    /// releases first.
+    async fn acquire_listening(
+        &self,
+        name: &str,
+        req: &AcquireRequest,
+    ) -> Result<Acquire, BackendError> {
+        let first = self.try_acquire(name, req).await?;
+        if !self.waiting
+            || matches!(first, Acquire::Acquired { .. })
+            || slot::subscribed(&self.slot, PgConn::wakeups)
+        {
+            return Ok(first);
+        }
+        // Busy, and about to wait: LISTEN, then try once more, so a release between the
+        // first try and the LISTEN is not missed. An uncontended run never pays for it.
+        self.listen(name).await?;
+        self.try_acquire(name, req).await
+    }
+
+    /// The queue lock of `name`'s waiters (see `sql::join_queue`).
+    fn queue_id(&self, name: &str) -> i64 {
+        queue_lock_id(&self.target.table, &self.key(name))
+    }
+
+    /// Whether this waiter is the head of its semaphore's queue (on the connection it
+    /// has now).
+    fn is_head(&self) -> bool {
+        self.slot
+            .current()
+            .is_some_and(|(c, _)| c.queued.load(Ordering::Relaxed))
+    }
+
+    /// Waits, at most `max`, to be the head of the queue of `name`'s waiters: every
+    /// waiter that came before it has a slot or has left. Then (or when the wait ran
+    /// out) the caller tries again.
+    async fn join_queue(&self, name: &str, max: Duration) -> Result<(), BackendError> {
+        let c = self.conn().await?;
+        let [begin, lock] = join_queue(self.queue_id(name), max);
+        let (begun, locked, committed) = futures_util::future::join3(
+            c.client.batch_execute(&begin),
+            c.client.batch_execute(&lock),
+            c.client.batch_execute("COMMIT"),
+        )
+        .await;
+        match begun.and(locked).and(committed) {
+            Ok(()) => {
+                c.queued.store(true, Ordering::Relaxed);
+                c.keep();
+                Ok(())
+            }
+            Err(e)
+                if [SqlState::LOCK_NOT_AVAILABLE, SqlState::QUERY_CANCELED]
+                    .iter()
+                    .any(|code| e.code() == Some(code)) =>
+            {
+                c.keep();
+                Ok(())
+            }
+            Err(e) => c.settle(Err(self.error(&e))),
+        }
+    }
+
+    /// Leaves the queue of `name`'s waiters if this session is its head: it has a slot.
+    /// A failure drops the connection, and the session's end leaves the queue too.
+    async fn leave_queue(&self, name: &str) {
+        if !self.is_head() {
+            return;
+        }
+        let Ok(c) = self.conn().await else { return };
+        let left = c
+            .client
+            .batch_execute(&leave_queue(self.queue_id(name)))
+            .await;
+        if left.is_ok() {
+            c.queued.store(false, Ordering::Relaxed);
+        }
+        let _ = c.settle(left);
     }
 
     /// One acquisition: the plain statement, or with `--slots` above 1 the semaphore's
@@ -183,17 +266,11 @@ impl PostgresBackend {
 
 impl Backend for PostgresBackend {
     async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
-        let first = self.try_acquire(name, req).await?;
-        if !self.waiting
-            || matches!(first, Acquire::Acquired { .. })
-            || slot::subscribed(&self.slot, PgConn::wakeups)
-        {
-            return Ok(first);
+        let answer = self.acquire_listening(name, req).await?;
+        if matches!(answer, Acquire::Acquired { .. }) {
+            self.leave_queue(name).await;
         }
-        // Busy, and about to wait: LISTEN, then try once more, so a release between the
-        // first try and the LISTEN is not missed. An uncontended run never pays for it.
-        self.listen(name).await?;
-        self.try_acquire(name, req).await
+        Ok(answer)
     }
 
     async fn renew(&self, name: &str, token: &str, ttl: Duration) -> Result<(), BackendError> {
@@ -246,10 +323,14 @@ impl Backend for PostgresBackend {
 
     async fn wait_for_release(
         &self,
-        _name: &str,
+        name: &str,
         busy: &Holder,
         max: Duration,
     ) -> Result<(), BackendError> {
+        // A semaphore's waiter queues first; only the head waits for a release.
+        if self.slots > 1 && self.waiting && !self.is_head() {
+            return self.join_queue(name, max).await;
+        }
         let slice = wait_slice(busy.ttl_left, max);
         // The connection's end (`None`) forgets it: the next call listens again.
         slot::wait_for_wakeup(&self.slot, PgConn::wakeups, slice, async |w| w.recv().await).await;

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use crate::backend::BackendError;
+use crate::backend::{BackendError, MAX_WAIT_SLICE};
 
 /// Session settings, sent once per connection. `synchronous_commit`: an acquisition
 /// (and the sequence value it used) survives a server crash once it is answered,
@@ -311,6 +311,64 @@ fn acquire_slot(table: &str, seq: &str) -> String {
         TAKE_EXPIRED = take_expired(seq),
     )
     .replace("now()", "statement_timestamp()")
+}
+
+/// The queue of a semaphore's waiters: a session-level advisory lock of the name (its
+/// id from [`queue_lock_id`]), which PostgreSQL grants first come first served. Its
+/// holder is the head of the queue, the one waiter that tries again when a slot frees;
+/// the others wait for the lock. These are the first two of the three messages that
+/// join it, sent at once (each message gets its own statement timer, whatever the
+/// server's version); the third is `COMMIT`. The wait is bounded by `wait` (the
+/// `--wait` left, at most [`MAX_QUEUE_WAIT`]), not by the session's `lock_timeout`; a
+/// wait that runs out rolls the transaction back. A head idle for longer than
+/// [`HEAD_IDLE`] (frozen, or its host gone while its connection looks open) is ended by
+/// the server (`idle_session_timeout`, PostgreSQL 14 and later), which lets the next
+/// waiter on; a waiter whose connection closes leaves the queue with its session.
+pub(super) fn join_queue(id: i64, wait: Duration) -> [String; 2] {
+    let ms = wait.min(MAX_QUEUE_WAIT).as_millis().max(1);
+    [
+        format!(
+            "BEGIN; SET LOCAL lock_timeout = {ms}; SET LOCAL statement_timeout = {}",
+            ms + 1000
+        ),
+        format!(
+            "SELECT pg_advisory_lock({id}); {}",
+            idle_session_timeout(HEAD_IDLE.as_millis())
+        ),
+    ]
+}
+
+/// The statement that leaves the queue of [`join_queue`] (its head has a slot), and
+/// ends the idle timeout: the session now holds a lease, renewed as seldom as
+/// `--renew-every` says.
+pub(super) fn leave_queue(id: i64) -> String {
+    format!(
+        "SELECT pg_advisory_unlock({id}); {}",
+        idle_session_timeout(0)
+    )
+}
+
+/// How long the head of a queue may be idle: its waits last at most
+/// `MAX_WAIT_SLICE` (plus jitter) between two tries, so three of them is a head that
+/// no longer tries.
+pub(super) const HEAD_IDLE: Duration = Duration::from_secs(3 * MAX_WAIT_SLICE.as_secs());
+
+/// The longest single wait in a queue; a longer `--wait` joins it again after that.
+const MAX_QUEUE_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Sets `idle_session_timeout` to `ms` for the session, on servers that have it.
+fn idle_session_timeout(ms: u128) -> String {
+    format!(
+        "SELECT set_config('idle_session_timeout', '{ms}', false) \
+         WHERE current_setting('server_version_num')::int >= 140000"
+    )
+}
+
+/// The queue lock of lock key `key` in `table` (see [`join_queue`]): a hash, like
+/// [`name_lock_id`]'s but another.
+pub(super) fn queue_lock_id(table: &str, key: &str) -> i64 {
+    let text = format!("{}\0{key}\0queue", table.to_ascii_lowercase());
+    fnv1a(text.as_bytes()) as i64
 }
 
 /// 64-bit FNV-1a: a hash that every lockrun version computes alike.
