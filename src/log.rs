@@ -253,6 +253,7 @@ mod tests {
             [
                 "acquired",
                 "busy",
+                "waiting",
                 "renew_failed",
                 "lost",
                 "killing",
