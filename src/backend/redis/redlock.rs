@@ -27,11 +27,11 @@
 //! while the lease runs, clocks that jump, long pauses), the fencing token is what
 //! protects the downstream store: see the README.
 
-use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
+mod votes;
 
-use std::sync::Mutex;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures_util::future::{join_all, select_all};
 
@@ -43,8 +43,6 @@ use crate::backend::{
 };
 use crate::config::{BackendConfig, ConfigError};
 use votes::{choose_slot, conflict_in, disagree, free_maps, group, other_n, votes};
-
-mod votes;
 
 /// The fewest servers a quorum may have: with fewer, one failure stops every lock.
 pub const MIN_NODES: usize = 3;
