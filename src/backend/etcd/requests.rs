@@ -1,17 +1,23 @@
-//! The etcd backend's requests that take more than one step (lease grant, busy
-//! answer, revoke, reads, the `--hold-at-least` hand-over, the deletion watch), as
-//! methods of [`EtcdBackend`]. Part of [`super`].
+//! The etcd backend's requests that take more than one step (lease grant, revoke,
+//! reads of a name's keys and their holders, the `--hold-at-least` hand-over, the
+//! deletion watch), as methods of [`EtcdBackend`]. Part of [`super`].
 
 use std::time::Duration;
 
+use futures_util::{StreamExt, TryStreamExt};
+
 use super::errors::is_lease_not_found;
+use super::slots::{Held, SlotKeys};
 use super::value::{holder_from, lease_secs, new_lease_id, ttl_secs, MAX_LEASE};
 use super::wire::{
-    Compare, EventType, FilterType, KeyValue, PutRequest, Request, RequestOp, Response, TxnRequest,
-    TxnResponse, WatchCreateRequest,
+    Compare, EventType, FilterType, KeyValue, PutRequest, Request, RequestOp, TxnRequest,
+    WatchCreateRequest,
 };
 use super::{EtcdBackend, OurLease};
-use crate::backend::{Acquire, BackendError, Holder};
+use crate::backend::{BackendError, Holder};
+
+/// How many holders' leases are looked up at once (a semaphore may have 1000).
+const LOOKUPS_AT_ONCE: usize = 32;
 
 impl EtcdBackend {
     /// Revokes lease `id` (and so deletes the keys attached to it). False if the lease
@@ -28,6 +34,26 @@ impl EtcdBackend {
     /// Our lease for `token`, if we have one.
     pub(super) fn our_lease(&self, token: &str) -> Option<OurLease> {
         self.local().lease.clone().filter(|l| l.token == token)
+    }
+
+    /// Our lease for `token` and the slot it holds, if it took one.
+    pub(super) fn our_slot(&self, token: &str) -> Option<(OurLease, u32)> {
+        let ours = self.our_lease(token)?;
+        let slot = ours.slot?;
+        Some((ours, slot))
+    }
+
+    /// Revokes lease `id` of an attempt that took nothing (every transaction answered
+    /// that it did not apply) and forgets it. A failed revoke is left to the lease's
+    /// expiry: nothing is on it.
+    pub(super) async fn give_back(&self, id: i64) {
+        {
+            let mut local = self.local();
+            if local.lease.as_ref().is_some_and(|l| l.id == id) {
+                local.lease = None;
+            }
+        }
+        let _ = self.revoke(id).await;
     }
 
     /// The holder stored in `kv`, with the time left on its lease (0 for a key on no
@@ -76,11 +102,34 @@ impl EtcdBackend {
         Ok(holder_from(&kv.value, kv.create_revision, ttl))
     }
 
-    /// The lock key as stored now, with the revision of the read.
-    pub(super) async fn read(&self, key: &str) -> Result<(Option<KeyValue>, i64), BackendError> {
-        let reply = self.call(async |c| c.range(key).await).await?;
+    /// Every slot key of the name as stored now, with the revision of the read.
+    pub(super) async fn read(&self, keys: &SlotKeys) -> Result<(Held, i64), BackendError> {
+        let end = keys.end();
+        let reply = self
+            .call(async |c| c.range(keys.start(), &end).await)
+            .await?;
         let revision = reply.header.map_or(0, |h| h.revision);
-        Ok((reply.kvs.into_iter().next(), revision))
+        Ok((keys.held(reply.kvs), revision))
+    }
+
+    /// The holders of `held`, by slot, with the time left on their leases; `live`: as
+    /// [`EtcdBackend::live_holder`] (a key on no lease is put on one).
+    pub(super) async fn holders(
+        &self,
+        held: Held,
+        live: bool,
+    ) -> Result<Vec<Holder>, BackendError> {
+        let lookups = held.into_iter().map(|(slot, kv)| async move {
+            let holder = match live {
+                true => self.live_holder(&kv).await?,
+                false => self.holder(&kv).await?,
+            };
+            Ok::<_, BackendError>(Holder { slot, ..holder })
+        });
+        futures_util::stream::iter(lookups)
+            .buffered(LOOKUPS_AT_ONCE)
+            .try_collect()
+            .await
     }
 
     /// Revokes a lease left from an earlier try that failed part-way (its transaction
@@ -97,15 +146,20 @@ impl EtcdBackend {
         Ok(())
     }
 
-    /// Waits for a DELETE of `key` after revision `after`; returns at `deadline`.
+    /// Waits for a DELETE of the name's key after revision `after` (with `--slots` above
+    /// 1, of any key of the name: any slot freed); returns at `deadline`.
     pub(super) async fn watch_deletion(
         &self,
-        key: &str,
+        keys: &SlotKeys,
         after: i64,
         deadline: tokio::time::Instant,
     ) -> Result<(), BackendError> {
         let create = WatchCreateRequest {
-            key: key.as_bytes().to_vec(),
+            key: keys.start().to_vec(),
+            range_end: match self.slots {
+                1 => Vec::new(),
+                _ => keys.end(),
+            },
             start_revision: after + 1,
             filters: vec![FilterType::NoPut as i32],
         };
@@ -172,32 +226,5 @@ impl EtcdBackend {
             )));
         }
         Ok(())
-    }
-
-    /// The lock was busy at `revision`: remember where a watch starts, give our lease
-    /// `id` back (it would expire anyway) and say who holds it.
-    pub(super) async fn busy(
-        &self,
-        reply: TxnResponse,
-        revision: i64,
-        id: i64,
-    ) -> Result<Acquire, BackendError> {
-        let kv = reply.responses.into_iter().find_map(|r| match r.response {
-            Some(Response::Range(read)) => read.kvs.into_iter().next(),
-            None => None,
-        });
-        {
-            let mut local = self.local();
-            local.busy_revision = revision;
-            local.lease = None;
-        }
-        let holder = async {
-            match &kv {
-                Some(kv) => self.live_holder(kv).await,
-                None => Ok(Holder::default()),
-            }
-        };
-        let (_, holder) = tokio::join!(self.revoke(id), holder);
-        Ok(Acquire::Busy(holder?))
     }
 }
