@@ -1,10 +1,15 @@
 //! What only the etcd backend (`etcd://`) has, against real `etcd` processes, one per
 //! test: the key and its lease as etcd stores them (created at the fencing token, one
-//! lease kept alive, nothing left behind), unreachable members, and authentication.
-//! The contract every backend keeps is tested in the conformance suite.
+//! lease kept alive, nothing left behind), unreachable members, and authentication;
+//! with `--slots N`, each slot's key on its holder's lease, a holder with another N
+//! refused, and the waiters' queue (keys on leases kept alive, gone when a waiter takes
+//! a slot, gives up or crashes). The contract every backend keeps is tested in the
+//! conformance suite.
 
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
 
 use crate::support::*;
 
@@ -457,4 +462,117 @@ fn release_force_breaks_every_slot_and_revokes_its_lease() {
         let f = lr.wait_for(Duration::from_secs(30));
         assert_ne!(f.code, Some(0), "a broken holder ended well: {}", f.stderr);
     }
+}
+
+/// The waiter keys of semaphore "job" (one per lockrun waiting, each on its lease).
+fn waiter_keys(etcd: &EtcdServer) -> Vec<String> {
+    etcd.keys_with_prefix("lockrun:job%")
+}
+
+/// Spawns a lockrun waiting for a slot of "job" (2 slots, `--ttl 2s`) running
+/// `HOLD_SLOT` in `s`, once its waiter key is the `place`-th (from 1).
+fn queue_waiter(etcd: &EtcdServer, s: &Scratch, place: usize) -> Running {
+    let opts = ["--slots", "2", "--ttl", "2s", "--wait", "60s"];
+    let mut cmd = lockrun_run(&etcd.url(), "job", &opts, &sh(HOLD_SLOT));
+    cmd.env("STARTED", s.path("started"))
+        .env("GO", s.path("go"));
+    let lr = spawn(cmd);
+    wait_until("the waiter queued", WAIT, || {
+        waiter_keys(etcd).len() == place
+    });
+    lr
+}
+
+#[test]
+fn a_semaphores_waiters_queue_on_leases_kept_alive_and_leave_nothing() {
+    let etcd = EtcdServer::start();
+    let opts = ["--slots", "2", "--ttl", "30s"];
+    let (s0, s1) = (Scratch::new(), Scratch::new());
+    let (mut h0, _, _) = hold_slot(&etcd, "job", &s0, &opts);
+    let (mut h1, slot, _) = hold_slot(&etcd, "job", &s1, &opts);
+    assert_eq!(slot, 1);
+    // A busy run that does not wait leaves no waiter key and no lease.
+    run(lockrun_run(&etcd.url(), "job", &opts, &["true"])).assert_failure(75);
+    assert_eq!(waiter_keys(&etcd), Vec::<String>::new());
+    assert_eq!(etcd.lease_count(), 2);
+    let (w1, w2) = (Scratch::new(), Scratch::new());
+    let mut first = queue_waiter(&etcd, &w1, 1);
+    let mut second = queue_waiter(&etcd, &w2, 2);
+    let queued: Vec<_> = waiter_keys(&etcd)
+        .iter()
+        .map(|k| etcd.get(k).expect("a waiter key"))
+        .collect();
+    // Three times their TTL: the waiters keep their leases, and so their places.
+    thread::sleep(Duration::from_secs(6));
+    for q in &queued {
+        assert!(etcd.lease_ttl(q.lease) > 0, "a waiter's lease ended");
+    }
+    let now: Vec<_> = waiter_keys(&etcd)
+        .iter()
+        .map(|k| etcd.get(k).expect("a waiter key").create_revision)
+        .collect();
+    let then: Vec<_> = queued.iter().map(|q| q.create_revision).collect();
+    assert_eq!(now, then, "a waiter lost its place");
+    // Slot 1 frees: the first waiter takes it, the second stays queued.
+    s1.touch("go");
+    h1.wait().assert_code(0);
+    let line = wait_line(&w1.path("started"));
+    assert!(
+        line.starts_with("1 "),
+        "the first waiter did not get slot 1: {line}"
+    );
+    assert!(
+        !w2.exists("started"),
+        "the second waiter ran with both slots held"
+    );
+    assert_eq!(waiter_keys(&etcd).len(), 1);
+    // The second gives up (a signal): its waiter key and lease go.
+    second.signal(Signal::SIGTERM);
+    assert_ne!(second.wait().code, Some(0));
+    assert_eq!(waiter_keys(&etcd), Vec::<String>::new());
+    assert_eq!(
+        etcd.lease_count(),
+        2,
+        "the waiter that gave up left its lease"
+    );
+    s0.touch("go");
+    w1.touch("go");
+    h0.wait().assert_code(0);
+    first.wait().assert_code(0);
+    assert_eq!(etcd.keys_with_prefix("lockrun:job"), Vec::<String>::new());
+    assert_eq!(etcd.lease_count(), 0, "a lease was left behind");
+}
+
+#[test]
+fn a_crashed_waiter_leaves_the_queue_when_its_lease_ends() {
+    let etcd = EtcdServer::start();
+    let opts = ["--slots", "2", "--ttl", "30s"];
+    let (s0, s1) = (Scratch::new(), Scratch::new());
+    let (mut h0, _, _) = hold_slot(&etcd, "job", &s0, &opts);
+    let (mut h1, _, _) = hold_slot(&etcd, "job", &s1, &opts);
+    let (w1, w2) = (Scratch::new(), Scratch::new());
+    let mut crashed = queue_waiter(&etcd, &w1, 1);
+    let mut next = queue_waiter(&etcd, &w2, 2);
+    crashed.signal(Signal::SIGKILL);
+    crashed.wait();
+    let killed = Instant::now();
+    s1.touch("go");
+    h1.wait().assert_code(0);
+    // The crashed waiter's place holds the free slot until its lease (2 s, as etcd
+    // rounds and raises it) ends; then the next waiter takes it.
+    let line = wait_line(&w2.path("started"));
+    assert!(
+        line.starts_with("1 "),
+        "the next waiter did not get slot 1: {line}"
+    );
+    assert!(
+        killed.elapsed() < Duration::from_secs(10),
+        "the next waiter ran {:?} after the crash",
+        killed.elapsed()
+    );
+    assert_eq!(waiter_keys(&etcd), Vec::<String>::new());
+    s0.touch("go");
+    w2.touch("go");
+    h0.wait().assert_code(0);
+    next.wait().assert_code(0);
 }

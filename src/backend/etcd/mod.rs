@@ -13,15 +13,20 @@
 //! create revision: cluster-wide, so it grows over every slot. How a slot is taken (the
 //! lowest free one, a holder with another N refused, in the same transaction that puts
 //! the key) is in [`slots`]; with N = 1 it is one transaction, as for the plain lock.
+//! With N > 1 waiters queue, first come first served: an acquirer that finds the
+//! semaphore in use puts a waiter key `PNAME%ID` on its lease, and takes a free slot
+//! only when no earlier waiter is left without one.
 //!
 //! **Ownership** is "the key is attached to our lease". We choose the lease ID ourselves
 //! (63 random bits) before asking for the lease, so even an abandoned request (the
 //! driver's timeout) leaves nothing we could not revoke; an ID is unique while its lease
 //! lives. Every step:
 //! - acquire: grant the lease, then one transaction: if no key of the name exists, put
-//!   slot 0 on the lease; else read them all, and take the lowest free slot with a
-//!   second transaction (a few tries while they change), or answer busy (the lease is
-//!   revoked again) or refuse a holder taken with another N;
+//!   slot 0 on the lease; else read them all (and with N > 1 queue), and take the
+//!   lowest free slot with a second transaction (a few tries while they change), or
+//!   answer busy (the lease is revoked again, unless it holds our waiter key: a waiter
+//!   tries again on it, after a keep-alive, so the server's lease still ends after the
+//!   TTL counted from before the call) or refuse a holder taken with another N;
 //! - renew: a keep-alive of the lease (one request, one reply; a reply with TTL ≤ 0 means
 //!   the lease is gone) side by side with a read-only transaction checking our slot's key
 //!   is still on the lease (`release --force`, `etcdctl del`): either failing is a
@@ -33,9 +38,12 @@
 //!   instead moves our slot's key, if still on our lease, to a new lease of the time left
 //!   (rounded up, so at least that long) and revokes ours;
 //! - `--wait`: a watch for a deletion from the revision of the busy read, so a release
-//!   (or expiry) between the read and the watch is not missed: of the key, or with N > 1
-//!   of any key of the name (any slot freed). Every waiter watches, so a release wakes
-//!   them all and the first transaction wins: no queue, as for the plain lock.
+//!   (or expiry) between the read and the watch is not missed. A plain lock's waiters
+//!   watch its key: a release wakes them all and the first transaction wins, no queue.
+//!   A semaphore's waiter watches the waiter key just before its own (one waiter woken
+//!   per change of the queue), the first one every slot key (any slot freed), and each
+//!   keeps its lease alive meanwhile (a third of `--ttl`); a waiter that crashes leaves
+//!   the queue when its lease ends, one that gives up revokes it.
 //!
 //! **TTLs** are whole seconds in etcd and the server's lease starts at the grant, after
 //! lockrun sent the request and started counting: rounding the TTL up keeps the
@@ -48,7 +56,8 @@
 //! longest `--ttl`) is refused before it is granted, and a lock key found on no lease
 //! (lockrun never writes one: it was written by hand) is put on a new lease of a day by
 //! the busy answer or `status` that finds it. Release deletes the key with its lease;
-//! nothing else is kept per name (the fencing token is etcd's revision).
+//! a waiter's key is on its lease too; nothing else is kept per name (the fencing token
+//! is etcd's revision).
 //!
 //! The client talks to one member at a time, made lazily. After any error or abandoned
 //! call it is dropped and the next call uses the next member; a call whose connection
@@ -71,7 +80,7 @@ use std::time::Duration;
 use crate::backend::conn::{Connection, Slot};
 use crate::backend::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::config::BackendConfig;
-use errors::{describe, is_lease_not_found, never_sent};
+use errors::{describe, never_sent};
 use rpc::{Client, RpcError};
 use slots::SlotKeys;
 pub use target::{EtcdTarget, KIND};
@@ -101,17 +110,25 @@ struct Local {
     lease: Option<OurLease>,
     /// The revision of the last read that found the lock busy (a watch starts after it).
     busy_revision: i64,
+    /// With `--slots` above 1, the key of the waiter just before us at that read: we
+    /// wait for its deletion (none: we come first, and wait for a slot to free).
+    next_ahead: Option<Vec<u8>>,
 }
 
 #[derive(Clone)]
 struct OurLease {
     token: String,
     id: i64,
+    /// `--ttl`: while we wait in the queue, the lease is kept alive this often (a third).
+    ttl: Duration,
     /// The slot our key is, once taken (an attempt whose answer was lost never knows:
     /// revoking the lease frees whatever it took).
     slot: Option<u32>,
     /// The value we stored in the key (written again by `Release::KeepFor`).
     value: String,
+    /// With `--slots` above 1, while we wait: the revision our waiter key was created
+    /// at, our place in the queue.
+    queued: Option<i64>,
 }
 
 impl EtcdBackend {
@@ -131,7 +148,7 @@ impl EtcdBackend {
     }
 
     fn keys(&self, name: &str) -> SlotKeys {
-        SlotKeys::new(&self.key_prefix, name)
+        SlotKeys::new(&self.key_prefix, name, self.slots)
     }
 
     /// Member number `member` (modulo their number) as `host:port`.
@@ -186,17 +203,29 @@ impl EtcdBackend {
 
 impl Backend for EtcdBackend {
     async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
+        let keys = self.keys(name);
+        // A waiter in the queue tries again on its lease, renewed first: the server's
+        // lease then ends after the TTL counted from before this call.
+        if let Some((id, since)) = self.waiting(&req.token) {
+            if self.keep_alive(id).await? {
+                return self.take_slot(&keys, req, id, Some(since)).await;
+            }
+            // Our lease ended while we waited (a stall longer than the TTL): queue again.
+            self.local().lease = None;
+        }
         self.drop_stale_lease().await?;
         let id = value::new_lease_id();
         // Recorded before asking: an abandoned acquire is cleaned up by `release`.
         self.local().lease = Some(OurLease {
             token: req.token.clone(),
             id,
+            ttl: req.ttl,
             slot: None,
             value: String::new(),
+            queued: None,
         });
         self.grant(id, req.ttl).await?;
-        self.take_slot(name, req, id).await
+        self.take_slot(&keys, req, id, None).await
     }
 
     async fn renew(&self, name: &str, token: &str, _ttl: Duration) -> Result<(), BackendError> {
@@ -206,12 +235,7 @@ impl Backend for EtcdBackend {
         };
         let key = self.keys(name).key(slot);
         let id = ours.id;
-        let alive = self.call(async |c| match c.lease_keep_alive(id).await {
-            // TTL ≤ 0: the lease is gone.
-            Ok(ttl) => Ok(ttl > 0),
-            Err(e) if is_lease_not_found(&e) => Ok(false),
-            Err(e) => Err(e),
-        });
+        let alive = self.keep_alive(id);
         let check = TxnRequest {
             compare: vec![Compare::on_lease(&key, id)],
             ..TxnRequest::default()
@@ -245,8 +269,8 @@ impl Backend for EtcdBackend {
     }
 
     async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
-        let (held, _) = self.read(&self.keys(name)).await?;
-        self.holders(held, true).await
+        let (read, _) = self.read(&self.keys(name)).await?;
+        self.holders(read.held, true).await
     }
 
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
@@ -263,8 +287,7 @@ impl Backend for EtcdBackend {
         // deletion too, so the watch sees it.
         let slice = wait_slice(busy.ttl_left + Duration::from_secs(1), max);
         let deadline = tokio::time::Instant::now() + slice;
-        let after = self.local().busy_revision;
-        let watched = self.watch_deletion(&self.keys(name), after, deadline).await;
+        let watched = self.wait_turn(&self.keys(name), deadline).await;
         if watched.is_err() {
             // Not a busy loop against a failing server: sit out the slice.
             tokio::time::sleep_until(deadline).await;
@@ -273,7 +296,17 @@ impl Backend for EtcdBackend {
     }
 
     async fn stop_waiting(&self, _name: &str) -> Result<(), BackendError> {
-        // A waiter is only a watch, gone with the call that made it.
+        // Leave the queue: revoking our lease deletes our waiter key. A plain lock's
+        // waiter is only a watch, gone with the call that made it.
+        let waiting = self
+            .local()
+            .lease
+            .as_ref()
+            .filter(|l| l.slot.is_none() && l.queued.is_some())
+            .map(|l| l.id);
+        if let Some(id) = waiting {
+            self.give_back(id).await;
+        }
         Ok(())
     }
 }

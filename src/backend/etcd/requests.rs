@@ -1,13 +1,13 @@
-//! The etcd backend's requests that take more than one step (lease grant, revoke,
-//! reads of a name's keys and their holders, the `--hold-at-least` hand-over, the
-//! deletion watch), as methods of [`EtcdBackend`]. Part of [`super`].
+//! The etcd backend's requests that take more than one step (lease grant, keep-alive and
+//! revoke, reads of a name's keys and their holders, the `--hold-at-least` hand-over,
+//! a waiter's watch), as methods of [`EtcdBackend`]. Part of [`super`].
 
 use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt};
 
 use super::errors::is_lease_not_found;
-use super::slots::{Held, SlotKeys};
+use super::slots::{Held, Read, SlotKeys};
 use super::value::{holder_from, lease_secs, new_lease_id, ttl_secs, MAX_LEASE};
 use super::wire::{
     Compare, EventType, FilterType, KeyValue, PutRequest, Request, RequestOp, TxnRequest,
@@ -19,6 +19,9 @@ use crate::backend::{BackendError, Holder};
 /// How many holders' leases are looked up at once (a semaphore may have 1000).
 const LOOKUPS_AT_ONCE: usize = 32;
 
+/// The shortest time between two keep-alives of a waiter's lease.
+const MIN_KEEP_ALIVE: Duration = Duration::from_millis(100);
+
 impl EtcdBackend {
     /// Revokes lease `id` (and so deletes the keys attached to it). False if the lease
     /// was already gone.
@@ -29,6 +32,30 @@ impl EtcdBackend {
             Err(e) => Err(e),
         })
         .await
+    }
+
+    /// One keep-alive of lease `id`: false if the lease is gone.
+    pub(super) async fn keep_alive(&self, id: i64) -> Result<bool, BackendError> {
+        self.call(async |c| match c.lease_keep_alive(id).await {
+            // TTL ≤ 0: the lease is gone.
+            Ok(ttl) => Ok(ttl > 0),
+            Err(e) if is_lease_not_found(&e) => Ok(false),
+            Err(e) => Err(e),
+        })
+        .await
+    }
+
+    /// Our lease for `token` and the revision it queued at, if it waits in the queue.
+    pub(super) fn waiting(&self, token: &str) -> Option<(i64, i64)> {
+        let ours = self.our_lease(token).filter(|l| l.slot.is_none())?;
+        Some((ours.id, ours.queued?))
+    }
+
+    /// Records that our lease `id` queued at `revision`.
+    pub(super) fn set_queued(&self, id: i64, revision: i64) {
+        if let Some(ours) = self.local().lease.as_mut().filter(|l| l.id == id) {
+            ours.queued = Some(revision);
+        }
     }
 
     /// Our lease for `token`, if we have one.
@@ -102,14 +129,15 @@ impl EtcdBackend {
         Ok(holder_from(&kv.value, kv.create_revision, ttl))
     }
 
-    /// Every slot key of the name as stored now, with the revision of the read.
-    pub(super) async fn read(&self, keys: &SlotKeys) -> Result<(Held, i64), BackendError> {
-        let end = keys.end();
+    /// Every slot key of the name (and the queue, if waiters queue) as stored now, with
+    /// the revision of the read.
+    pub(super) async fn read(&self, keys: &SlotKeys) -> Result<(Read, i64), BackendError> {
+        let end = keys.read_end();
         let reply = self
             .call(async |c| c.range(keys.start(), &end).await)
             .await?;
         let revision = reply.header.map_or(0, |h| h.revision);
-        Ok((keys.held(reply.kvs), revision))
+        Ok((keys.read(reply.kvs), revision))
     }
 
     /// The holders of `held`, by slot, with the time left on their leases; `live`: as
@@ -146,20 +174,57 @@ impl EtcdBackend {
         Ok(())
     }
 
-    /// Waits for a DELETE of the name's key after revision `after` (with `--slots` above
-    /// 1, of any key of the name: any slot freed); returns at `deadline`.
-    pub(super) async fn watch_deletion(
+    /// A waiter's turn may have come (or `deadline` passed): the waiter just before us
+    /// left the queue, or, when none is, a slot freed (of the plain lock: its key was
+    /// deleted), since the busy read. Meanwhile a waiter in the queue keeps its lease
+    /// alive: its waiter key lives on it.
+    pub(super) async fn wait_turn(
         &self,
         keys: &SlotKeys,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), BackendError> {
+        let (after, next_ahead, queued) = {
+            let local = self.local();
+            let queued = local.lease.as_ref().filter(|l| l.queued.is_some());
+            let queued = queued.map(|l| (l.id, l.ttl));
+            (local.busy_revision, local.next_ahead.clone(), queued)
+        };
+        let (key, range_end) = match (next_ahead, keys.queued()) {
+            (Some(waiter), true) => (waiter, Vec::new()),
+            (_, true) => (keys.start().to_vec(), keys.end()),
+            (_, false) => (keys.start().to_vec(), Vec::new()),
+        };
+        let Some((id, ttl)) = queued else {
+            return self.watch_deletion(key, range_end, after, deadline).await;
+        };
+        let every = (ttl / 3).max(MIN_KEEP_ALIVE);
+        let keep_alive = async {
+            loop {
+                tokio::time::sleep(every).await;
+                // A lease that is gone ends the wait: the next acquire queues again.
+                if let Ok(false) = self.keep_alive(id).await {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            watched = self.watch_deletion(key, range_end, after, deadline) => watched,
+            () = keep_alive => Ok(()),
+        }
+    }
+
+    /// Waits for a DELETE of `key` (of the keys in `[key, range_end)`, if not empty)
+    /// after revision `after`; returns at `deadline`.
+    async fn watch_deletion(
+        &self,
+        key: Vec<u8>,
+        range_end: Vec<u8>,
         after: i64,
         deadline: tokio::time::Instant,
     ) -> Result<(), BackendError> {
         let create = WatchCreateRequest {
-            key: keys.start().to_vec(),
-            range_end: match self.slots {
-                1 => Vec::new(),
-                _ => keys.end(),
-            },
+            key,
+            range_end,
             start_revision: after + 1,
             filters: vec![FilterType::NoPut as i32],
         };

@@ -1,10 +1,11 @@
 //! Taking a slot once our lease is granted (the transactions of [`super::slots`], a few
-//! tries while the name's keys change under us), the busy answer, and breaking every
-//! slot (`release --force`), as methods of [`EtcdBackend`]. Part of [`super`].
+//! tries while the name's keys change under us), the busy answer (with N > 1 we stay in
+//! the queue), and breaking every slot (`release --force`), as methods of
+//! [`EtcdBackend`]. Part of [`super`].
 
 use futures_util::{StreamExt, TryStreamExt};
 
-use super::slots::{self, Choice, SlotKeys};
+use super::slots::{self, Choice, Place, SlotKeys};
 use super::value::holder_value;
 use super::wire::{Compare, KeyValue, RequestOp, Response, TxnRequest, TxnResponse};
 use super::EtcdBackend;
@@ -23,43 +24,70 @@ const BREAK_ROUNDS: usize = 3;
 const BREAKS_AT_ONCE: usize = 32;
 
 impl EtcdBackend {
-    /// Takes the lowest free slot of `name` on our lease `id` (granted), or says who
-    /// holds them all, or refuses a holder taken with another N.
+    /// Takes the lowest free slot on our lease `id` (granted), or says who holds them
+    /// all, or refuses a holder taken with another N. `queued`: the revision our waiter
+    /// key was created at, if we already wait in the queue (we read, then take); else
+    /// we start with [`slots::first_try`], which queues us if it fails.
     pub(super) async fn take_slot(
         &self,
-        name: &str,
+        keys: &SlotKeys,
         req: &AcquireRequest,
         id: i64,
+        queued: Option<i64>,
     ) -> Result<Acquire, BackendError> {
-        let keys = self.keys(name);
         let n = self.slots;
-        let mut slot = 0;
-        let mut value = holder_value(req, slot, n);
-        let mut txn = slots::first_try(&keys, &value, id);
-        for _ in 0..TRIES {
-            let reply = self.call(async |c| c.txn(txn.clone()).await).await?;
-            let revision = reply.header.as_ref().map_or(0, |h| h.revision);
-            if reply.succeeded {
-                return self.taken(slot, value, revision, id).await;
-            }
-            let held = keys.held(range_read(reply));
-            match slots::choose(&held, n) {
-                Choice::Take(free) => {
-                    slot = free;
-                    value = holder_value(req, slot, n);
-                    txn = slots::take(&keys, &held, revision, slot, &value, id);
+        let (mut read, mut revision) = match queued {
+            Some(_) => self.read(keys).await?,
+            None => {
+                let value = holder_value(req, 0, n);
+                let txn = slots::first_try(keys, &value, id);
+                let reply = self.call(async |c| c.txn(txn.clone()).await).await?;
+                let revision = reply.header.as_ref().map_or(0, |h| h.revision);
+                if reply.succeeded {
+                    return self.taken(0, value, revision, id).await;
                 }
+                (keys.read(range_read(reply)), revision)
+            }
+        };
+        // A first try that failed put our waiter key, in the same revision.
+        let since = queued.or(keys.queued().then_some(revision));
+        if let (None, Some(since)) = (queued, since) {
+            self.set_queued(id, since);
+        }
+        let waiter = keys.waiter_key(id).into_bytes();
+        for _ in 0..TRIES {
+            let place = since.map_or_else(Place::default, |since| {
+                slots::place(&read.queue, &waiter, since)
+            });
+            let slot = match slots::choose(&read.held, n, place.ahead) {
+                Choice::Take(slot) => slot,
                 Choice::Conflict(theirs) => {
                     self.give_back(id).await;
                     return Err(slots_conflict(theirs, n));
                 }
-                Choice::Full => return self.busy(held, revision, id).await,
+                Choice::Busy => {
+                    let busy = Busy {
+                        revision,
+                        next_ahead: place.next_ahead,
+                        queued: since.is_some(),
+                    };
+                    return self.busy(read.held, busy, id).await;
+                }
+            };
+            let value = holder_value(req, slot, n);
+            let txn = slots::take(keys, &read.held, revision, slot, &value, id);
+            let reply = self.call(async |c| c.txn(txn.clone()).await).await?;
+            revision = reply.header.as_ref().map_or(0, |h| h.revision);
+            if reply.succeeded {
+                return self.taken(slot, value, revision, id).await;
             }
+            read = keys.read(range_read(reply));
         }
         self.give_back(id).await;
         Err(BackendError::Unavailable(format!(
-            "the slots of lock {name:?} at etcd {} changed under each of {TRIES} tries to \
-             take one; try again",
+            "the slot keys of {:?} at etcd {} changed under each of {TRIES} tries to take \
+             one; try again",
+            String::from_utf8_lossy(keys.start()),
             self.member()
         )))
     }
@@ -77,8 +105,10 @@ impl EtcdBackend {
         // The put's revision is the key's create_revision.
         if let Some(fencing_token) = u64::try_from(revision).ok().filter(|r| *r > 0) {
             if let Some(ours) = self.local().lease.as_mut().filter(|l| l.id == id) {
+                // Our waiter key, if any, went in the same transaction.
                 ours.slot = Some(slot);
                 ours.value = value;
+                ours.queued = None;
             }
             return Ok(Acquire::Acquired {
                 fencing_token,
@@ -93,20 +123,24 @@ impl EtcdBackend {
         )))
     }
 
-    /// Every slot was held at `revision`: remember where a watch starts, give our
-    /// lease `id` back (it would expire anyway) and say whose lease ends first.
-    async fn busy(
-        &self,
-        held: slots::Held,
-        revision: i64,
-        id: i64,
-    ) -> Result<Acquire, BackendError> {
+    /// No slot for us at the read: remember where a watch starts and, unless we stay in
+    /// the queue, give our lease `id` back (it would expire anyway); say whose lease
+    /// ends first.
+    async fn busy(&self, held: slots::Held, busy: Busy, id: i64) -> Result<Acquire, BackendError> {
         {
             let mut local = self.local();
-            local.busy_revision = revision;
-            local.lease = None;
+            local.busy_revision = busy.revision;
+            local.next_ahead = busy.next_ahead;
+            if !busy.queued {
+                local.lease = None;
+            }
         }
-        let (_, holders) = tokio::join!(self.revoke(id), self.holders(held, true));
+        let give_back = async {
+            if !busy.queued {
+                let _ = self.revoke(id).await;
+            }
+        };
+        let (_, holders) = tokio::join!(give_back, self.holders(held, true));
         let first = holders?.into_iter().min_by_key(|h| (h.ttl_left, h.slot));
         Ok(Acquire::Busy(first.unwrap_or_default()))
     }
@@ -115,7 +149,7 @@ impl EtcdBackend {
     /// changed meanwhile is read again and broken as it is now), then revokes their
     /// leases so that their holders' next keep-alives fail too.
     pub(super) async fn break_all(&self, keys: &SlotKeys) -> Result<Vec<Holder>, BackendError> {
-        let mut todo: Vec<(u32, KeyValue)> = self.read(keys).await?.0.into_iter().collect();
+        let mut todo: Vec<(u32, KeyValue)> = self.read(keys).await?.0.held.into_iter().collect();
         let mut broken = Vec::new();
         for _ in 0..BREAK_ROUNDS {
             if todo.is_empty() {
@@ -141,6 +175,7 @@ impl EtcdBackend {
             }
             let (now, _) = self.read(keys).await?;
             todo = now
+                .held
                 .into_iter()
                 .filter(|(slot, _)| changed.contains(slot))
                 .collect();
@@ -175,6 +210,16 @@ impl EtcdBackend {
         }
         Ok(Some(holder))
     }
+}
+
+/// Where a busy read leaves us.
+struct Busy {
+    /// The revision of the read: a watch starts after it.
+    revision: i64,
+    /// The waiter just before us, if any.
+    next_ahead: Option<Vec<u8>>,
+    /// Whether we wait in the queue (our lease stays: our waiter key is on it).
+    queued: bool,
 }
 
 /// The keys a failed transaction read (its one failure operation, a range).
