@@ -5,7 +5,7 @@
 
 use futures_util::{StreamExt, TryStreamExt};
 
-use super::slots::{self, Choice, Place, SlotKeys};
+use super::slots::{self, Choice, Place, Read, SlotKeys};
 use super::value::holder_value;
 use super::wire::{Compare, KeyValue, RequestOp, Response, TxnRequest, TxnResponse};
 use super::EtcdBackend;
@@ -38,22 +38,12 @@ impl EtcdBackend {
         let n = self.slots;
         let (mut read, mut revision) = match queued {
             Some(_) => self.read(keys).await?,
-            None => {
-                let value = holder_value(req, 0, n);
-                let txn = slots::first_try(keys, &value, id);
-                let reply = self.call(async |c| c.txn(txn.clone()).await).await?;
-                let revision = reply.header.as_ref().map_or(0, |h| h.revision);
-                if reply.succeeded {
-                    return self.taken(0, value, revision, id).await;
-                }
-                (keys.read(range_read(reply)), revision)
-            }
+            None => match self.first_try(keys, req, id).await? {
+                Ok(taken) => return Ok(taken),
+                Err(read) => read,
+            },
         };
-        // A first try that failed put our waiter key, in the same revision.
         let since = queued.or(keys.queued().then_some(revision));
-        if let (None, Some(since)) = (queued, since) {
-            self.set_queued(id, since);
-        }
         let waiter = keys.waiter_key(id).into_bytes();
         for _ in 0..TRIES {
             let place = since.map_or_else(Place::default, |since| {
@@ -90,6 +80,27 @@ impl EtcdBackend {
             String::from_utf8_lossy(keys.start()),
             self.member()
         )))
+    }
+
+    /// Sends [`slots::first_try`]: slot 0 taken, or what it read and the revision. A
+    /// failure also put our waiter key if waiters queue, in that revision: our place.
+    async fn first_try(
+        &self,
+        keys: &SlotKeys,
+        req: &AcquireRequest,
+        id: i64,
+    ) -> Result<Result<Acquire, (Read, i64)>, BackendError> {
+        let value = holder_value(req, 0, self.slots);
+        let txn = slots::first_try(keys, &value, id);
+        let reply = self.call(async |c| c.txn(txn.clone()).await).await?;
+        let revision = reply.header.as_ref().map_or(0, |h| h.revision);
+        if reply.succeeded {
+            return self.taken(0, value, revision, id).await.map(Ok);
+        }
+        if keys.queued() {
+            self.set_queued(id, revision);
+        }
+        Ok(Err((keys.read(range_read(reply)), revision)))
     }
 
     /// `slot` is ours, put with `value` at `revision`: the fencing token. An answer
