@@ -64,10 +64,12 @@
 mod acquire;
 mod crashed;
 mod dir;
+mod line;
 mod lock;
 mod lockfile;
 mod name;
 mod record;
+mod slots;
 mod target;
 mod waiter;
 
@@ -82,7 +84,8 @@ use crate::backend::{
 use crate::config::BackendConfig;
 use acquire::{read_guarded, Attempt};
 use dir::{LockDir, Open};
-use lock::{is_locked, lock_record, Byte, Kind};
+use line::{Line, Wake};
+use lock::{lock_record, try_lock, Byte, Kind};
 use lockfile::LockFile;
 use record::{storable_token, Record};
 pub use target::{FileTarget, KIND};
@@ -96,6 +99,8 @@ const TRIES: usize = 8;
 pub struct FileBackend {
     path: PathBuf,
     key_prefix: String,
+    /// `--slots`: 1 for a plain lock.
+    slots: u32,
     /// The directory, once opened and checked.
     dir: Mutex<Option<Arc<LockDir>>>,
     local: Mutex<Local>,
@@ -107,14 +112,19 @@ struct Local {
     held: HashMap<String, Held>,
     /// The file the last busy answer found locked, for a waiter to wait on.
     busy: HashMap<String, LockFile>,
+    /// A plain lock's waiters (byte 0).
     waiters: HashMap<String, Waiter>,
+    /// A semaphore's waiters (the line's byte).
+    lines: HashMap<String, Line>,
 }
 
-/// A lock we hold: the open file whose byte 0 is ours.
+/// A lock we hold: the open file whose slot byte is ours.
 struct Held {
     token: String,
     lock: LockFile,
+    /// The record we wrote (a plain lock's: nobody else writes it while we hold it).
     record: Record,
+    slot: u32,
 }
 
 impl FileBackend {
@@ -123,6 +133,7 @@ impl FileBackend {
         FileBackend {
             path,
             key_prefix: config.key_prefix.clone(),
+            slots: config.slots.max(1),
             dir: Mutex::new(None),
             local: Mutex::new(Local::default()),
         }
@@ -163,21 +174,40 @@ impl FileBackend {
         })
     }
 
-    /// Checks that `held` is still the lock: the directory and the file at its path are
-    /// the ones we locked, and the record holds our token. Anything else is a definite
-    /// loss ([`BackendError::NotOwner`]); an I/O error may pass.
-    fn check_ours(&self, file_name: &str, held: &Held) -> Result<(), BackendError> {
+    /// Checks that `lock` (held with `token` on `slot`) is still the lock: the
+    /// directory and the file at its path are the ones we locked, and the record
+    /// (`read`) holds our token. Anything else is a definite loss
+    /// ([`BackendError::NotOwner`]); an I/O error may pass.
+    fn check_ours(
+        &self,
+        file_name: &str,
+        lock: &LockFile,
+        (token, slot): (&str, u32),
+        read: impl FnOnce() -> Result<Record, BackendError>,
+    ) -> Result<(), BackendError> {
         let dir = self.dir(false)?.ok_or(BackendError::NotOwner)?;
-        if !dir.still_at_path()? || !dir.is_current(file_name, &held.lock)? {
+        if !dir.still_at_path()? || !dir.is_current(file_name, lock)? {
             return Err(BackendError::NotOwner);
         }
-        match held.lock.read() {
-            Ok(r) if r.holder.as_ref().is_some_and(|h| h.token == held.token) => Ok(()),
+        match read() {
+            Ok(r) if r.entry(slot).is_some_and(|h| h.token == token) => Ok(()),
             Ok(_) | Err(BackendError::Refused(_)) | Err(BackendError::NotOwner) => {
                 Err(BackendError::NotOwner)
             }
             Err(e @ BackendError::Unavailable(_)) => Err(e),
         }
+    }
+
+    /// [`Self::check_ours`] for a holder of a semaphore's slot: the others write the
+    /// record too, so it is read under its guard.
+    async fn check_slot(
+        &self,
+        file_name: &str,
+        lock: &LockFile,
+        ours: (&str, u32),
+    ) -> Result<(), BackendError> {
+        let record = read_guarded(lock).await;
+        self.check_ours(file_name, lock, ours, || record)
     }
 
     /// Our held lock of `name` with `token`, taken out of the table.
@@ -220,6 +250,9 @@ impl Backend for FileBackend {
         }
         let file_name = self.file_name(name)?;
         let dir = self.dir_for_lock()?;
+        if self.slots > 1 {
+            return self.acquire_slot(name, &file_name, &dir, req).await;
+        }
         for _ in 0..TRIES {
             let Some(file) = dir.open_lock(&file_name, Open::Create)? else {
                 continue;
@@ -248,40 +281,61 @@ impl Backend for FileBackend {
         // Nothing to extend: the kernel's lock lasts while we hold the file open. The
         // check is what renewing means here.
         let file_name = self.file_name(name)?;
-        let local = self.local();
-        match local.held.get(name) {
-            Some(held) if held.token == token => self.check_ours(&file_name, held),
-            _ => Err(BackendError::NotOwner),
-        }
+        let (lock, slot) = {
+            let local = self.local();
+            match local.held.get(name) {
+                Some(held) if held.token == token && self.slots == 1 => {
+                    let lock = &held.lock;
+                    return self.check_ours(&file_name, lock, (token, 0), || lock.read());
+                }
+                // Our descriptor stays in the table (a renewal cut short by its
+                // timeout must not close it): the guard is taken through another.
+                Some(held) if held.token == token => (held.lock.dup()?, held.slot),
+                _ => return Err(BackendError::NotOwner),
+            }
+        };
+        self.check_slot(&file_name, &lock, (token, slot)).await
     }
 
     async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
         let file_name = self.file_name(name)?;
+        // The token names the slot: a lockrun holds one slot of a name at most, and
+        // only through a file it keeps open (an acquire cut short closes it, letting
+        // go of whatever it took), so no other slot can hold this token.
         let held = self.take_held(name, token)?;
         // Closing `held` (at the end, whatever happens) lets go of the kernel's lock.
-        match (how, self.check_ours(&file_name, &held)) {
+        let ours = (token, held.slot);
+        let checked = if self.slots == 1 {
+            self.check_ours(&file_name, &held.lock, ours, || held.lock.read())
+        } else {
+            self.check_slot(&file_name, &held.lock, ours).await
+        };
+        match (how, checked) {
             (_, Err(BackendError::NotOwner)) => Err(BackendError::NotOwner),
             (Release::Now, _) => {
                 // Not needed for the lock (closing frees it), so best effort: `status`
-                // and the next holder see a record without a holder.
-                let free = Record {
-                    holder: None,
-                    ..held.record.clone()
-                };
+                // and the next holder see a record without us.
                 if lock_record(held.lock.file(), Kind::Write).await.is_ok() {
-                    let _ = held.lock.write(&free);
+                    if let Ok(mut free) = self.current_record(&held) {
+                        free.holders.retain(|h| h.slot != held.slot);
+                        let _ = held.lock.write(&free);
+                    }
+                    // The slot's byte before the file: a head of the line woken by
+                    // the close finds the slot free.
+                    let _ = try_lock(held.lock.file(), Byte::Slot(held.slot), Kind::Unlock);
                 }
                 Ok(())
             }
             (Release::KeepFor(_), Err(e)) => Err(e),
             (Release::KeepFor(keep), Ok(())) => {
-                let mut kept = held.record.clone();
-                if let Some(h) = kept.holder.as_mut() {
-                    h.hold_until_ms = now_ms().saturating_add(millis(keep.min(MAX_LEASE)) + 1);
-                }
                 lock_record(held.lock.file(), Kind::Write)
                     .await
                     .map_err(|e| held.lock.io(&e.into()))?;
+                let mut kept = self.current_record(&held)?;
+                let until = now_ms().saturating_add(millis(keep.min(MAX_LEASE)) + 1);
+                for h in kept.holders.iter_mut().filter(|h| h.slot == held.slot) {
+                    h.hold_until_ms = until;
+                }
                 held.lock.write(&kept)?;
                 held.lock.sync()
             }
@@ -289,60 +343,54 @@ impl Backend for FileBackend {
     }
 
     async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
-        let one: Result<Option<Holder>, BackendError> = async {
-            let file_name = self.file_name(name)?;
-            let Some(dir) = self.dir(false)? else {
-                return Ok(None);
-            };
-            let Some(file) = dir.open_lock(&file_name, Open::Read)? else {
-                return Ok(None);
-            };
-            let locked = is_locked(file.file(), Byte::Holder).map_err(|e| file.io(&e.into()))?;
-            let record = read_guarded(&file).await?;
-            Ok(record.holder(locked, now_ms()))
-        }
-        .await;
-        Ok(one?.into_iter().collect())
+        let file_name = self.file_name(name)?;
+        let Some(dir) = self.dir(false)? else {
+            return Ok(Vec::new());
+        };
+        let Some(file) = dir.open_lock(&file_name, Open::Read)? else {
+            return Ok(Vec::new());
+        };
+        lock_record(file.file(), Kind::Read)
+            .await
+            .map_err(|e| file.io(&e.into()))?;
+        let record = file.read()?;
+        slots::holders(&file, &record, self.slots, now_ms())
     }
 
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
-        let one: Result<Option<Holder>, BackendError> = async {
-            let file_name = self.file_name(name)?;
-            let Some(dir) = self.dir(false)? else {
-                return Ok(None);
+        let file_name = self.file_name(name)?;
+        let Some(dir) = self.dir(false)? else {
+            return Ok(Vec::new());
+        };
+        for _ in 0..TRIES {
+            let Some(file) = dir.open_lock(&file_name, Open::Write)? else {
+                return Ok(Vec::new());
             };
-            for _ in 0..TRIES {
-                let Some(file) = dir.open_lock(&file_name, Open::Write)? else {
-                    return Ok(None);
-                };
-                // Under the guard no acquirer is between its check of the file and its
-                // counter's write: the counter read here is the last one handed out.
-                lock_record(file.file(), Kind::Write)
-                    .await
-                    .map_err(|e| file.io(&e.into()))?;
-                if !dir.is_current(&file_name, &file)? {
-                    continue;
-                }
-                let locked =
-                    is_locked(file.file(), Byte::Holder).map_err(|e| file.io(&e.into()))?;
-                let record = file.read()?;
-                let Some(holder) = record.holder(locked, now_ms()) else {
-                    return Ok(None);
-                };
-                let free = Record {
-                    holder: None,
-                    ..record.clone()
-                };
-                dir.replace(&file_name, &free)?;
-                return Ok(Some(holder));
+            // Under the guard no acquirer is between its check of the file and its
+            // counter's write: the counter read here is the last one handed out.
+            lock_record(file.file(), Kind::Write)
+                .await
+                .map_err(|e| file.io(&e.into()))?;
+            if !dir.is_current(&file_name, &file)? {
+                continue;
             }
-            Err(BackendError::Unavailable(format!(
-                "the lock file {} kept being replaced; try again",
-                dir.show(&file_name)
-            )))
+            let record = file.read()?;
+            let broken = slots::holders(&file, &record, self.slots, now_ms())?;
+            if broken.is_empty() {
+                return Ok(broken);
+            }
+            // Every slot at once: a new file, the same counter, no holder.
+            let free = Record {
+                holders: Vec::new(),
+                ..record
+            };
+            dir.replace(&file_name, &free)?;
+            return Ok(broken);
         }
-        .await;
-        Ok(one?.into_iter().collect())
+        Err(BackendError::Unavailable(format!(
+            "the lock file {} kept being replaced; try again",
+            dir.show(&file_name)
+        )))
     }
 
     async fn wait_for_release(
@@ -352,13 +400,17 @@ impl Backend for FileBackend {
         max: Duration,
     ) -> Result<(), BackendError> {
         let slice = wait_slice(busy.ttl_left, max);
+        if self.slots > 1 {
+            self.wait_in_line(name, slice).await;
+            return Ok(());
+        }
         let signal = {
             let mut local = self.local();
             if let Some(file) = local.busy.remove(name) {
                 let queued = local.waiters.get(name).is_some_and(|w| w.id() == file.id());
                 if !queued {
                     // No thread (a process limit): the slices below still re-check.
-                    if let Ok(waiter) = Waiter::start(file) {
+                    if let Ok(waiter) = Waiter::start(file, Byte::Slot(0)) {
                         local.waiters.insert(name.to_owned(), waiter);
                     }
                 }
@@ -380,8 +432,60 @@ impl Backend for FileBackend {
     async fn stop_waiting(&self, name: &str) -> Result<(), BackendError> {
         let mut local = self.local();
         local.busy.remove(name);
-        // Dropping the waiter lets go of a lock granted to it.
+        // Dropping the waiter lets go of a lock granted to it, and of our place in a
+        // semaphore's line.
         local.waiters.remove(name);
+        local.lines.remove(name);
         Ok(())
+    }
+}
+
+impl FileBackend {
+    /// The record `held`'s file has now, for its holder to write back without itself
+    /// (or with its hold): a plain lock's is the one it wrote (nobody else writes it
+    /// while it holds the lock); a semaphore's is read (the other holders write it).
+    /// The caller holds the record's guard.
+    fn current_record(&self, held: &Held) -> Result<Record, BackendError> {
+        if self.slots == 1 {
+            Ok(held.record.clone())
+        } else {
+            held.lock.read()
+        }
+    }
+
+    /// Waits for a semaphore's slot at most `slice`: joins the line of the file found
+    /// busy (unless already in it), then waits as its place says (`line.rs`).
+    async fn wait_in_line(&self, name: &str, slice: Duration) {
+        let wake = {
+            let mut local = self.local();
+            if let Some(file) = local.busy.remove(name) {
+                let queued = local.lines.get(name).is_some_and(|l| l.id() == file.id());
+                if !queued {
+                    // No thread (a process limit): the slices below still re-check.
+                    if let Ok(line) = Line::join(file) {
+                        local.lines.insert(name.to_owned(), line);
+                    }
+                }
+            }
+            local.lines.get_mut(name).map(|l| l.wake(slice))
+        };
+        match wake {
+            Some(Wake::Granted(signal)) => {
+                let _ = tokio::time::timeout(slice, signal.over()).await;
+                // The head now watches the file, before it tries.
+                if let Some(line) = self.local().lines.get_mut(name) {
+                    line.advance();
+                }
+            }
+            Some(Wake::Event(watch, wait)) => {
+                if tokio::time::timeout(wait, watch.changed()).await.is_ok() {
+                    if let Some(line) = self.local().lines.get_mut(name) {
+                        line.saw_event();
+                    }
+                }
+            }
+            Some(Wake::Sleep(wait)) => tokio::time::sleep(wait).await,
+            None => tokio::time::sleep(slice).await,
+        }
     }
 }
