@@ -175,3 +175,214 @@ impl Sections {
         assert_sequential(&self.spans(), expected);
     }
 }
+
+/// One critical section of a semaphore's holder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotSpan {
+    /// The fencing token it ran with.
+    pub token: u64,
+    /// The slot it held (`LOCKRUN_SLOT`).
+    pub slot: u32,
+    /// When it started.
+    pub start: Duration,
+    /// When it ended.
+    pub end: Duration,
+}
+
+/// The most sections of `spans` that were inside at one instant.
+pub fn most_inside(spans: &[SlotSpan]) -> usize {
+    // +1 at each start, -1 at each end; at one instant, ends first (touching
+    // sections do not overlap).
+    let mut edges: Vec<(Duration, i32)> = spans
+        .iter()
+        .flat_map(|s| [(s.start, 1), (s.end, -1)])
+        .collect();
+    edges.sort();
+    let (mut inside, mut most) = (0i32, 0i32);
+    for (_, step) in edges {
+        inside += step;
+        most = most.max(inside);
+    }
+    most as usize
+}
+
+/// Everything wrong with the history of a semaphore of `slots` slots, one line each:
+/// more than `slots` inside at once, a slot out of range, two overlapping sections on
+/// one slot, a token used twice, and a section with a token not above that of one
+/// that ended before it started.
+pub fn semaphore_violations(spans: &[SlotSpan], slots: u32) -> Vec<String> {
+    let mut found = Vec::new();
+    let most = most_inside(spans);
+    if most > slots as usize {
+        found.push(format!(
+            "{most} sections were inside at once, with {slots} slots"
+        ));
+    }
+    for s in spans.iter().filter(|s| s.slot >= slots) {
+        found.push(format!(
+            "token {} ran on slot {} of {slots}",
+            s.token, s.slot
+        ));
+    }
+    for (i, a) in spans.iter().enumerate() {
+        for b in &spans[i + 1..] {
+            let overlap = a.start < b.end && b.start < a.end;
+            if overlap && a.slot == b.slot {
+                found.push(format!(
+                    "slot {} held twice at once: token {} ran {:?}..{:?}, token {} ran {:?}..{:?}",
+                    a.slot, a.token, a.start, a.end, b.token, b.start, b.end
+                ));
+            }
+            let (first, then) = if a.end <= b.start { (a, b) } else { (b, a) };
+            if first.end <= then.start && then.token <= first.token {
+                found.push(format!(
+                    "token {} ended before token {} started",
+                    first.token, then.token
+                ));
+            }
+        }
+    }
+    let plain: Vec<Span> = spans
+        .iter()
+        .map(|s| Span {
+            token: s.token,
+            start: s.start,
+            end: s.end,
+        })
+        .collect();
+    found.extend(
+        reused_tokens(&plain)
+            .into_iter()
+            .map(|t| format!("token {t} was handed to two sections")),
+    );
+    found
+}
+
+/// The section [`SlotSections`] gives a command: [`SECTION`] with the slot, claiming
+/// the slot's directory (mkdir fails if another section holds the same slot).
+const SLOT_SECTION: &str = r#"
+    mkdir "$INSIDE.$LOCKRUN_SLOT" 2>/dev/null || echo "slot $LOCKRUN_SLOT taken at start of $LOCKRUN_FENCING_TOKEN" >> "$BAD"
+    echo "S $(date +%s%N) $LOCKRUN_FENCING_TOKEN $LOCKRUN_SLOT" >> "$HIST"
+    sleep "$HOLD"
+    echo "E $(date +%s%N) $LOCKRUN_FENCING_TOKEN $LOCKRUN_SLOT" >> "$HIST"
+    rmdir "$INSIDE.$LOCKRUN_SLOT" 2>/dev/null || echo "slot $LOCKRUN_SLOT taken at end of $LOCKRUN_FENCING_TOKEN" >> "$BAD"
+"#;
+
+/// The history of a semaphore's sections run by shell commands under lockrun.
+pub struct SlotSections(Sections);
+
+impl SlotSections {
+    /// A history whose sections each hold for `hold`.
+    pub fn new(hold: Duration) -> SlotSections {
+        SlotSections(Sections::new(hold))
+    }
+
+    /// The command to give lockrun: `sh -c SLOT_SECTION`.
+    pub fn command() -> Vec<&'static str> {
+        vec!["sh", "-c", SLOT_SECTION]
+    }
+
+    /// Gives `cmd` the section's environment.
+    pub fn env(&self, cmd: &mut Command) {
+        self.0.env(cmd);
+    }
+
+    /// The sections recorded so far.
+    pub fn spans(&self) -> Vec<SlotSpan> {
+        let mut starts: HashMap<u64, (Duration, u32)> = HashMap::new();
+        let mut spans = Vec::new();
+        for line in self.0.scratch.read("hist").lines() {
+            let f: Vec<&str> = line.split(' ').collect();
+            assert_eq!(f.len(), 4, "bad history line {line:?}");
+            let at = Duration::from_nanos(f[1].parse().expect("a time in ns"));
+            let token = u64::try_from(parse_token(f[2])).expect("a token that fits u64");
+            let slot: u32 = f[3].parse().expect("LOCKRUN_SLOT is a number");
+            match f[0] {
+                "S" => {
+                    assert!(
+                        starts.insert(token, (at, slot)).is_none(),
+                        "token {token} twice"
+                    );
+                }
+                _ => {
+                    let (start, at_start) = starts.remove(&token).expect("an end without a start");
+                    assert_eq!(slot, at_start, "LOCKRUN_SLOT changed during a section");
+                    spans.push(SlotSpan {
+                        token,
+                        slot,
+                        start,
+                        end: at,
+                    });
+                }
+            }
+        }
+        assert!(starts.is_empty(), "sections that never ended: {starts:?}");
+        spans
+    }
+
+    /// Panics unless `expected` sections ran, never more than `slots` at once and
+    /// never two on one slot (neither by their clock nor by their claim on the slot's
+    /// directory), with tokens that increase; returns the most that were inside at once.
+    pub fn assert_within(&self, slots: u32, expected: usize) -> usize {
+        assert_eq!(
+            self.0.scratch.read("bad"),
+            "",
+            "two sections held one slot at once"
+        );
+        let spans = self.spans();
+        assert_eq!(spans.len(), expected, "number of critical sections");
+        let found = semaphore_violations(&spans, slots);
+        assert!(
+            found.is_empty(),
+            "semaphore violated:\n{}",
+            found.join("\n")
+        );
+        most_inside(&spans)
+    }
+}
+
+/// The semaphore checker finds each kind of violation, and only those.
+#[cfg(test)]
+mod semaphore_checker {
+    use super::*;
+
+    fn span(token: u64, slot: u32, start_ms: u64, end_ms: u64) -> SlotSpan {
+        SlotSpan {
+            token,
+            slot,
+            start: Duration::from_millis(start_ms),
+            end: Duration::from_millis(end_ms),
+        }
+    }
+
+    #[test]
+    fn a_good_history_passes() {
+        let ok = [
+            span(1, 0, 0, 100),
+            span(2, 1, 10, 120),
+            span(3, 2, 20, 100),
+            span(4, 0, 100, 200),
+            span(5, 2, 150, 160),
+        ];
+        assert_eq!(semaphore_violations(&ok, 3), Vec::<String>::new());
+        assert_eq!(most_inside(&ok), 3);
+    }
+
+    #[test]
+    fn every_violation_is_found() {
+        let too_many = [span(1, 0, 0, 100), span(2, 1, 10, 100), span(3, 2, 20, 100)];
+        assert!(semaphore_violations(&too_many, 2)
+            .iter()
+            .any(|v| v.contains("3 sections were inside at once")));
+        let same_slot = [span(1, 0, 0, 100), span(2, 0, 50, 150)];
+        assert!(semaphore_violations(&same_slot, 2)[0].contains("slot 0 held twice"));
+        let out_of_range = [span(1, 2, 0, 100)];
+        assert!(semaphore_violations(&out_of_range, 2)[0].contains("slot 2 of 2"));
+        let backwards = [span(5, 0, 0, 100), span(4, 1, 100, 200)];
+        assert!(semaphore_violations(&backwards, 2)[0].contains("token 5 ended before token 4"));
+        let reused = [span(5, 0, 0, 100), span(5, 1, 0, 100)];
+        assert!(semaphore_violations(&reused, 2)
+            .iter()
+            .any(|v| v.contains("token 5 was handed to two")));
+    }
+}

@@ -38,7 +38,7 @@ use std::time::Duration;
 pub use backends::{Backend, FileService, Postgres, Quorum, SentinelService, Service};
 pub use clock::{boottime, FakeClock};
 pub use etcd::{etcd_key, EtcdServer};
-pub use history::{overlaps, reused_tokens, Sections, Span};
+pub use history::{overlaps, reused_tokens, Sections, SlotSections, Span};
 pub use pg::{Db, PrivatePg, Table};
 pub use process::*;
 pub use proxy::{Mode, Proxy, Watch, Watcher};
