@@ -42,6 +42,7 @@ use tokio::sync::Notify;
 use super::lock::Byte;
 use super::lockfile::LockFile;
 use super::waiter::{Found, Shared, Waiter};
+use super::FileBackend;
 use crate::backend::BackendError;
 
 /// When the head looks again after an event, if every slot was still busy.
@@ -164,6 +165,44 @@ impl Line {
     /// Notes an event: the next waits are [`LOOKS`] again.
     pub fn saw_event(&mut self) {
         self.looks = 0;
+    }
+}
+
+impl FileBackend {
+    /// Waits for a semaphore's slot at most `slice`: joins the line of the file found
+    /// busy (unless already in it), then waits as its place says (`line.rs`).
+    pub(super) async fn wait_in_line(&self, name: &str, slice: Duration) {
+        let wake = {
+            let mut local = self.local();
+            if let Some(file) = local.busy.remove(name) {
+                let queued = local.lines.get(name).is_some_and(|l| l.id() == file.id());
+                if !queued {
+                    // No thread (a process limit): the slices below still re-check.
+                    if let Ok(line) = Line::join(file) {
+                        local.lines.insert(name.to_owned(), line);
+                    }
+                }
+            }
+            local.lines.get_mut(name).map(|l| l.wake(slice))
+        };
+        match wake {
+            Some(Wake::Granted(signal)) => {
+                let _ = tokio::time::timeout(slice, signal.over()).await;
+                // The head now watches the file, before it tries.
+                if let Some(line) = self.local().lines.get_mut(name) {
+                    line.advance();
+                }
+            }
+            Some(Wake::Event(watch, wait)) => {
+                if tokio::time::timeout(wait, watch.changed()).await.is_ok() {
+                    if let Some(line) = self.local().lines.get_mut(name) {
+                        line.saw_event();
+                    }
+                }
+            }
+            Some(Wake::Sleep(wait)) => tokio::time::sleep(wait).await,
+            None => tokio::time::sleep(slice).await,
+        }
     }
 }
 

@@ -163,6 +163,29 @@ mod tests {
     }
 
     #[test]
+    fn every_slot_has_a_byte_of_its_own_and_slot_0_is_byte_0() {
+        let offsets: Vec<i64> = [
+            Byte::Slot(0),
+            Byte::Record,
+            Byte::Line,
+            Byte::Slot(1),
+            Byte::Slot(999),
+        ]
+        .iter()
+        .map(|b| b.offset())
+        .collect();
+        assert_eq!(offsets, [0, 1, 2, 3, 1001]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l");
+        let (a, b) = (open(&path), open(&path));
+        assert!(try_lock(&a, Byte::Slot(1), Kind::Write).unwrap());
+        assert!(is_locked(&b, Byte::Slot(1)).unwrap());
+        for other in [Byte::Slot(0), Byte::Record, Byte::Line, Byte::Slot(2)] {
+            assert!(!is_locked(&b, other).unwrap(), "{other:?}");
+        }
+    }
+
+    #[test]
     fn a_waiting_lock_is_granted_when_the_holder_closes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l");

@@ -9,10 +9,11 @@
 //!
 //! **Files**: lock `NAME` under `--key-prefix P` is the file `DIR/ENC(P)=ENC(NAME)`
 //! (`name.rs`: one file per pair, never hidden, never a path), holding a small text
-//! record (`record.rs`): the fencing counter and the holder (token, host, pid, start,
-//! TTL, `--hold-at-least` end). DIR is created if missing (0700); DIR and the files in
-//! it are refused unless they are safe from other users (`dir.rs`). Each lock file
-//! stays once made: one small file per name ever used.
+//! record (`record.rs`): the fencing counter and the holders (token, host, pid, start,
+//! TTL, `--hold-at-least` end, and for a semaphore slot and fencing token). DIR is
+//! created if missing (0700); DIR and the files in it are refused unless they are safe
+//! from other users (`dir.rs`). Each lock file stays once made: one small file per name
+//! ever used, semaphore or not.
 //!
 //! **The lock** is an open-file-description lock on byte 0 of the file (`lock.rs`): the
 //! kernel frees it when the holder's lockrun closes the file or dies, even by SIGKILL
@@ -56,10 +57,26 @@
 //!
 //! **`--wait`** (`waiter.rs`): a thread blocks in `F_OFD_SETLKW` on the busy file and
 //! keeps the lock once the kernel grants it, for the next acquire to take: a release or
-//! a crash wakes a waiter at once, without polling. Waiters are not served first come
-//! first served (the kernel wakes them all; the first to run wins). Every wait slice
-//! ([`wait_slice`]: at most 2 s) the waiter checks that the file it waits on is still
-//! the lock's, and waits for a `--hold-at-least` by sleeping.
+//! a crash wakes a waiter at once, without polling. The kernel serves the waiters of a
+//! byte first come first served; a lockrun that does not wait may still take the lock
+//! between a release and the first waiter's grant. Every wait slice ([`wait_slice`]: at
+//! most 2 s) the waiter checks that the file it waits on is still the lock's, and waits
+//! for a `--hold-at-least` by sleeping.
+//!
+//! **Semaphores** (`--slots N`, N > 1; `slots.rs`): still one file per name, one record
+//! and one fencing counter, so tokens increase over every slot. Slot 0 is byte 0, the
+//! very lock of a plain lock; slot `i` >= 1 is byte `2 + i` (`lock.rs`). The record
+//! (format 2 while a semaphore has holders) lists the holders by slot, each with its
+//! own token, and the N they were taken with: under the record's guard an acquire
+//! takes the lowest slot whose byte is free and that no hold keeps, and refuses (125)
+//! live holders of another N (a plain lock's holder, or an old record, has N = 1, and
+//! an older lockrun refuses a format 2 record). A crashed holder's slot is free at once,
+//! as a plain lock is. Holders renew, release and keep (`--hold-at-least`) their own
+//! slot, rewriting only their own line; a holder that does not find its line where a
+//! read beside another's write may have torn the record looks again under the guard.
+//! `status` and `release --force` cover every slot (a forced release replaces the file:
+//! every holder finds out at its next renewal). Waiters stand in a line (`line.rs`):
+//! first come first served, the head alone woken (by inotify) when a slot frees.
 
 mod acquire;
 mod crashed;
@@ -84,7 +101,7 @@ use crate::backend::{
 use crate::config::BackendConfig;
 use acquire::{read_guarded, Attempt};
 use dir::{LockDir, Open};
-use line::{Line, Wake};
+use line::Line;
 use lock::{lock_record, try_lock, Byte, Kind};
 use lockfile::LockFile;
 use record::{storable_token, Record};
@@ -198,16 +215,25 @@ impl FileBackend {
         }
     }
 
-    /// [`Self::check_ours`] for a holder of a semaphore's slot: the others write the
-    /// record too, so it is read under its guard.
-    async fn check_slot(
+    /// [`Self::check_ours`] of `lock`, read without the record's guard: a plain
+    /// lock's record is written by its holder only. A semaphore's is written by the
+    /// other holders too, and a read beside their write may find it torn; that can
+    /// hide our line, never make one up (nobody else writes our token, and a checksum
+    /// guards the list), so only a record without our token is read again, under
+    /// the guard (which a lockrun stopped while it had it could keep for long).
+    async fn check_held(
         &self,
         file_name: &str,
         lock: &LockFile,
         ours: (&str, u32),
     ) -> Result<(), BackendError> {
-        let record = read_guarded(lock).await;
-        self.check_ours(file_name, lock, ours, || record)
+        match self.check_ours(file_name, lock, ours, || lock.read()) {
+            Err(BackendError::NotOwner) if self.slots > 1 => {
+                let record = read_guarded(lock).await;
+                self.check_ours(file_name, lock, ours, || record)
+            }
+            other => other,
+        }
     }
 
     /// Our held lock of `name` with `token`, taken out of the table.
@@ -283,18 +309,19 @@ impl Backend for FileBackend {
         let file_name = self.file_name(name)?;
         let (lock, slot) = {
             let local = self.local();
-            match local.held.get(name) {
-                Some(held) if held.token == token && self.slots == 1 => {
-                    let lock = &held.lock;
-                    return self.check_ours(&file_name, lock, (token, 0), || lock.read());
-                }
-                // Our descriptor stays in the table (a renewal cut short by its
-                // timeout must not close it): the guard is taken through another.
-                Some(held) if held.token == token => (held.lock.dup()?, held.slot),
-                _ => return Err(BackendError::NotOwner),
+            let Some(held) = local.held.get(name).filter(|h| h.token == token) else {
+                return Err(BackendError::NotOwner);
+            };
+            let lock = &held.lock;
+            match self.check_ours(&file_name, lock, (token, held.slot), || lock.read()) {
+                // As in `check_held`, through another descriptor: ours stays in the
+                // table (a renewal cut short by its timeout must not close it).
+                Err(BackendError::NotOwner) if self.slots > 1 => (lock.dup()?, held.slot),
+                other => return other,
             }
         };
-        self.check_slot(&file_name, &lock, (token, slot)).await
+        let record = read_guarded(&lock).await;
+        self.check_ours(&file_name, &lock, (token, slot), || record)
     }
 
     async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
@@ -304,12 +331,9 @@ impl Backend for FileBackend {
         // go of whatever it took), so no other slot can hold this token.
         let held = self.take_held(name, token)?;
         // Closing `held` (at the end, whatever happens) lets go of the kernel's lock.
-        let ours = (token, held.slot);
-        let checked = if self.slots == 1 {
-            self.check_ours(&file_name, &held.lock, ours, || held.lock.read())
-        } else {
-            self.check_slot(&file_name, &held.lock, ours).await
-        };
+        let checked = self
+            .check_held(&file_name, &held.lock, (token, held.slot))
+            .await;
         match (how, checked) {
             (_, Err(BackendError::NotOwner)) => Err(BackendError::NotOwner),
             (Release::Now, _) => {
@@ -343,54 +367,11 @@ impl Backend for FileBackend {
     }
 
     async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
-        let file_name = self.file_name(name)?;
-        let Some(dir) = self.dir(false)? else {
-            return Ok(Vec::new());
-        };
-        let Some(file) = dir.open_lock(&file_name, Open::Read)? else {
-            return Ok(Vec::new());
-        };
-        lock_record(file.file(), Kind::Read)
-            .await
-            .map_err(|e| file.io(&e.into()))?;
-        let record = file.read()?;
-        slots::holders(&file, &record, self.slots, now_ms())
+        self.holders_now(name).await
     }
 
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
-        let file_name = self.file_name(name)?;
-        let Some(dir) = self.dir(false)? else {
-            return Ok(Vec::new());
-        };
-        for _ in 0..TRIES {
-            let Some(file) = dir.open_lock(&file_name, Open::Write)? else {
-                return Ok(Vec::new());
-            };
-            // Under the guard no acquirer is between its check of the file and its
-            // counter's write: the counter read here is the last one handed out.
-            lock_record(file.file(), Kind::Write)
-                .await
-                .map_err(|e| file.io(&e.into()))?;
-            if !dir.is_current(&file_name, &file)? {
-                continue;
-            }
-            let record = file.read()?;
-            let broken = slots::holders(&file, &record, self.slots, now_ms())?;
-            if broken.is_empty() {
-                return Ok(broken);
-            }
-            // Every slot at once: a new file, the same counter, no holder.
-            let free = Record {
-                holders: Vec::new(),
-                ..record
-            };
-            dir.replace(&file_name, &free)?;
-            return Ok(broken);
-        }
-        Err(BackendError::Unavailable(format!(
-            "the lock file {} kept being replaced; try again",
-            dir.show(&file_name)
-        )))
+        self.break_every_slot(name).await
     }
 
     async fn wait_for_release(
@@ -450,42 +431,6 @@ impl FileBackend {
             Ok(held.record.clone())
         } else {
             held.lock.read()
-        }
-    }
-
-    /// Waits for a semaphore's slot at most `slice`: joins the line of the file found
-    /// busy (unless already in it), then waits as its place says (`line.rs`).
-    async fn wait_in_line(&self, name: &str, slice: Duration) {
-        let wake = {
-            let mut local = self.local();
-            if let Some(file) = local.busy.remove(name) {
-                let queued = local.lines.get(name).is_some_and(|l| l.id() == file.id());
-                if !queued {
-                    // No thread (a process limit): the slices below still re-check.
-                    if let Ok(line) = Line::join(file) {
-                        local.lines.insert(name.to_owned(), line);
-                    }
-                }
-            }
-            local.lines.get_mut(name).map(|l| l.wake(slice))
-        };
-        match wake {
-            Some(Wake::Granted(signal)) => {
-                let _ = tokio::time::timeout(slice, signal.over()).await;
-                // The head now watches the file, before it tries.
-                if let Some(line) = self.local().lines.get_mut(name) {
-                    line.advance();
-                }
-            }
-            Some(Wake::Event(watch, wait)) => {
-                if tokio::time::timeout(wait, watch.changed()).await.is_ok() {
-                    if let Some(line) = self.local().lines.get_mut(name) {
-                        line.saw_event();
-                    }
-                }
-            }
-            Some(Wake::Sleep(wait)) => tokio::time::sleep(wait).await,
-            None => tokio::time::sleep(slice).await,
         }
     }
 }

@@ -60,21 +60,23 @@
 //! and is read without holders (after a crash of the machine none is alive: the
 //! kernel's locks are gone too).
 
+mod list;
 #[cfg(test)]
 mod tests;
 
 use std::time::Duration;
 
-use crate::backend::{Holder, MAX_SLOTS};
+use crate::backend::Holder;
+use list::checksum;
 
 /// The first line of format 1 (a plain lock, or no holder).
 const MAGIC: &str = "lockrun lock file 1";
 
 /// The first line of format 2 (a semaphore).
-const MAGIC_SLOTS: &str = "lockrun lock file 2";
+pub const MAGIC_SLOTS: &str = "lockrun lock file 2";
 
 /// The largest record read; a larger file is not lockrun's. A record of
-/// [`MAX_SLOTS`] holders with the longest tokens and host names takes about 560 KB.
+/// [`crate::backend::MAX_SLOTS`] holders with the longest tokens and host names takes about 560 KB.
 pub const MAX_LEN: usize = 1 << 20;
 
 /// Records are padded to a multiple of this.
@@ -256,7 +258,7 @@ impl Record {
             return Err(format!("it is larger than {MAX_LEN} bytes"));
         }
         if bytes.starts_with(format!("{MAGIC_SLOTS}\n").as_bytes()) {
-            return parse_slots(bytes);
+            return list::parse(bytes);
         }
         let text = std::str::from_utf8(bytes).map_err(|_| "it is not text".to_owned())?;
         let body = text
@@ -325,110 +327,8 @@ impl Record {
     }
 }
 
-/// Parses a format 2 record (see the module documentation). The head (the counter
-/// and N) is parsed strictly; the rest, if its checksum does not match, was torn by a
-/// crash and is read as no holders.
-fn parse_slots(bytes: &[u8]) -> Result<Record, String> {
-    // The head: five lines, in the first sector.
-    let mut ends = bytes
-        .iter()
-        .enumerate()
-        .filter(|(_, b)| **b == b'\n')
-        .map(|(i, _)| i + 1);
-    let head_len = ends
-        .nth(4)
-        .ok_or_else(|| "its head lines are cut short".to_owned())?;
-    let head = std::str::from_utf8(&bytes[..head_len]).map_err(|_| "it is not text".to_owned())?;
-    let mut lines = head.lines().skip(1);
-    let (fencing, reserved, boot) = counter_lines(&mut lines)?;
-    let slots = u32::try_from(number(field(lines.next(), "slots")?)?)
-        .ok()
-        .filter(|n| (1..=MAX_SLOTS).contains(n))
-        .ok_or_else(|| format!("its slots are not 1 to {MAX_SLOTS}"))?;
-    let mut record = Record {
-        fencing,
-        reserved,
-        boot,
-        slots,
-        holders: Vec::new(),
-    };
-    let Some(checked) = checked_body(bytes, head_len) else {
-        // Torn: keep the counter, forget the holders.
-        return Ok(record);
-    };
-    let text = std::str::from_utf8(checked).map_err(|_| "it is not text".to_owned())?;
-    for line in text.lines() {
-        let h = holder_line(line)?;
-        if h.slot >= slots || record.holders.last().is_some_and(|l| l.slot >= h.slot) {
-            return Err("its holders' slots are out of order".to_owned());
-        }
-        if h.fencing == 0 || h.fencing > fencing {
-            return Err("a holder's fencing token is above the counter".to_owned());
-        }
-        record.holders.push(h);
-    }
-    Ok(record)
-}
-
-/// The holder lines of a format 2 record whose head takes `head_len` bytes, if its
-/// `end` line's checksum matches them (what follows is the padding, or a longer old
-/// record's tail that a crash kept). `None`: torn.
-fn checked_body(bytes: &[u8], head_len: usize) -> Option<&[u8]> {
-    let mut at = head_len;
-    while at < bytes.len() {
-        let line_end = bytes[at..].iter().position(|b| *b == b'\n')? + at + 1;
-        let line = &bytes[at..line_end];
-        if let Some(value) = line.strip_prefix(b"end ") {
-            let value = std::str::from_utf8(value).ok()?.strip_suffix('\n')?;
-            let sum = (value.len() == 16)
-                .then(|| u64::from_str_radix(value, 16).ok())
-                .flatten()?;
-            return (sum == checksum(&bytes[..at])).then_some(&bytes[head_len..at]);
-        }
-        at = line_end;
-    }
-    None
-}
-
-/// FNV-1a, 64 bits: enough to tell a torn record from a whole one.
-fn checksum(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
-/// One `holder key=value ...` line of format 2.
-fn holder_line(line: &str) -> Result<HolderLine, String> {
-    let mut parts = line
-        .strip_prefix("holder ")
-        .ok_or_else(|| "it has a line that is not a holder where holders belong".to_owned())?
-        .split(' ');
-    let mut next = |key: &str| {
-        parts
-            .next()
-            .and_then(|p| p.strip_prefix(key))
-            .and_then(|p| p.strip_prefix('='))
-            .ok_or_else(|| format!("a holder line has no {key} where one belongs"))
-    };
-    let h = HolderLine {
-        slot: u32::try_from(number(next("slot")?)?)
-            .map_err(|_| "a slot is too large".to_owned())?,
-        fencing: number(next("fencing_token")?)?,
-        token: token_value(next("token")?)?,
-        host: host_value(next("host")?)?,
-        pid: pid_value(next("pid")?)?,
-        since_ms: number(next("since_ms")?)?,
-        ttl_ms: number(next("ttl_ms")?)?,
-        hold_until_ms: number(next("hold_until_ms")?)?,
-    };
-    match parts.next() {
-        None => Ok(h),
-        Some(_) => Err("a holder line has more than its fields".to_owned()),
-    }
-}
-
 /// The three counter lines after the first: fencing token, reservation, boot.
-fn counter_lines<'a>(
+pub fn counter_lines<'a>(
     lines: &mut impl Iterator<Item = &'a str>,
 ) -> Result<(u64, u64, String), String> {
     let fencing = number(field(lines.next(), "fencing_token")?)?;
@@ -457,14 +357,14 @@ pub fn storable_token(token: &str) -> bool {
 }
 
 /// The value of a `key value` line.
-fn field<'a>(line: Option<&'a str>, key: &str) -> Result<&'a str, String> {
+pub fn field<'a>(line: Option<&'a str>, key: &str) -> Result<&'a str, String> {
     line.and_then(|l| l.strip_prefix(key))
         .and_then(|l| l.strip_prefix(' '))
         .ok_or_else(|| format!("it has no {key} line where one belongs"))
 }
 
 /// A decimal number without sign or leading zeros.
-fn number(s: &str) -> Result<u64, String> {
+pub fn number(s: &str) -> Result<u64, String> {
     let canonical =
         !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
     canonical
@@ -478,14 +378,14 @@ fn number(s: &str) -> Result<u64, String> {
         })
 }
 
-fn pid_value(s: &str) -> Result<u32, String> {
+pub fn pid_value(s: &str) -> Result<u32, String> {
     u32::try_from(number(s)?)
         .ok()
         .filter(|p| *p > 0)
         .ok_or_else(|| "its pid is not a process id".to_owned())
 }
 
-fn token_value(s: &str) -> Result<String, String> {
+pub fn token_value(s: &str) -> Result<String, String> {
     storable_token(s)
         .then(|| s.to_owned())
         .ok_or_else(|| "its token is malformed".to_owned())
@@ -508,7 +408,7 @@ fn boot_value(s: &str) -> Result<String, String> {
         .ok_or_else(|| "its boot_id is malformed".to_owned())
 }
 
-fn host_value(s: &str) -> Result<String, String> {
+pub fn host_value(s: &str) -> Result<String, String> {
     (stored_host(s) == s)
         .then(|| s.to_owned())
         .ok_or_else(|| "its host is malformed".to_owned())

@@ -109,6 +109,61 @@ impl FileBackend {
         )))
     }
 
+    /// Every holder of `name` now, by slot (`status`): read under the record's shared
+    /// guard, so never in a run's way.
+    pub(super) async fn holders_now(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
+        let file_name = self.file_name(name)?;
+        let Some(dir) = self.dir(false)? else {
+            return Ok(Vec::new());
+        };
+        let Some(file) = dir.open_lock(&file_name, Open::Read)? else {
+            return Ok(Vec::new());
+        };
+        lock_record(file.file(), Kind::Read)
+            .await
+            .map_err(|e| file.io(&e.into()))?;
+        let record = file.read()?;
+        holders(&file, &record, self.slots, now_ms())
+    }
+
+    /// `release --force`: breaks every slot of `name` at once, keeping its counter (a new
+    /// file renamed over the lock file); returns the holders broken.
+    pub(super) async fn break_every_slot(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
+        let file_name = self.file_name(name)?;
+        let Some(dir) = self.dir(false)? else {
+            return Ok(Vec::new());
+        };
+        for _ in 0..TRIES {
+            let Some(file) = dir.open_lock(&file_name, Open::Write)? else {
+                return Ok(Vec::new());
+            };
+            // Under the guard no acquirer is between its check of the file and its
+            // counter's write: the counter read here is the last one handed out.
+            lock_record(file.file(), Kind::Write)
+                .await
+                .map_err(|e| file.io(&e.into()))?;
+            if !dir.is_current(&file_name, &file)? {
+                continue;
+            }
+            let record = file.read()?;
+            let broken = holders(&file, &record, self.slots, now_ms())?;
+            if broken.is_empty() {
+                return Ok(broken);
+            }
+            // Every slot at once: a new file, the same counter, no holder.
+            let free = Record {
+                holders: Vec::new(),
+                ..record
+            };
+            dir.replace(&file_name, &free)?;
+            return Ok(broken);
+        }
+        Err(BackendError::Unavailable(format!(
+            "the lock file {} kept being replaced; try again",
+            dir.show(&file_name)
+        )))
+    }
+
     /// Where this lockrun stands in the line of `name`; a line it is out of is left.
     fn turn(&self, name: &str) -> Turn {
         let mut local = self.local();
