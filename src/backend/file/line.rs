@@ -110,13 +110,16 @@ impl Line {
     }
 
     /// Moves up if the line's byte was granted: this lockrun is the head, and watches
-    /// the file from now on (before it tries, so that no release is missed).
+    /// the file from now on (before it tries again, so that no release is missed; and
+    /// a release between its last try and the watch is caught by the first look).
     pub fn advance(&mut self) {
         if let Place::Behind(waiter) = &self.place {
             self.place = match waiter.take() {
                 Found::Waiting => return,
                 Found::Granted(file) => {
                     self.watch = Watch::on(file.file()).map(Arc::new);
+                    // A slot freed before the watch began sent no event: look soon.
+                    self.looks = 0;
                     Place::Head(Some(file))
                 }
                 Found::Failed => Place::Out,
@@ -153,7 +156,7 @@ impl Line {
         self.advance();
         match (&self.place, &self.watch) {
             (Place::Behind(waiter), _) => Wake::Granted(waiter.signal()),
-            (Place::Head(_), Some(watch)) => {
+            (Place::Head(Some(_)), Some(watch)) => {
                 let wait = LOOKS.get(self.looks).map_or(slice, |l| slice.min(*l));
                 self.looks = (self.looks + 1).min(LOOKS.len());
                 Wake::Event(Arc::clone(watch), wait)
