@@ -1,9 +1,12 @@
 //! `lockrun status` and `lockrun release --force`: look at a lock, or break it (every
-//! slot of a semaphore). The holders are shown by [`crate::holder`].
+//! slot of a semaphore). The holders are shown by [`crate::holder`]. Both refuse (125)
+//! a lock whose holders were taken with another `--slots` than the one given, as a run
+//! does: a plain `release --force` must not break one slot of a semaphore believing
+//! it broke the whole lock.
 
 use std::time::Duration;
 
-use crate::backend::{Backend, Holder};
+use crate::backend::{slots_conflict, Backend, Holder};
 use crate::holder::{status_json, status_text, Known};
 use crate::log::{emit, Event, Level};
 
@@ -18,6 +21,9 @@ pub async fn status<B: Backend>(backend: &B, name: &str, slots: u32, as_json: bo
         Ok(Err(e)) => return error(&e.to_string()),
         Err(_) => return error("the backend did not answer within 5s"),
     };
+    if let Some(msg) = conflict(&holders, slots) {
+        return error(&msg);
+    }
     holders.sort_by_key(|h| h.slot);
     let out = match as_json {
         true => status_json(name, slots, &holders).to_string(),
@@ -33,7 +39,15 @@ pub async fn status<B: Backend>(backend: &B, name: &str, slots: u32, as_json: bo
 
 /// `lockrun release --force`: deletes `name` whoever holds it (every slot) and says
 /// whose it was, one line per holder broken.
-pub async fn force_release<B: Backend>(backend: &B, name: &str) -> u8 {
+pub async fn force_release<B: Backend>(backend: &B, name: &str, slots: u32) -> u8 {
+    let holders = match tokio::time::timeout(TIMEOUT, backend.inspect(name)).await {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => return error(&e.to_string()),
+        Err(_) => return error("the backend did not answer within 5s"),
+    };
+    if let Some(msg) = conflict(&holders, slots) {
+        return error(&format!("{msg}; nothing was broken"));
+    }
     let mut broken = match tokio::time::timeout(TIMEOUT, backend.force_release(name)).await {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => return error(&e.to_string()),
@@ -68,6 +82,12 @@ fn broke(name: &str, h: &Holder) {
             ("holder_slot", h.slot.into()),
         ],
     );
+}
+
+/// The refusal when a holder was taken with another N than `slots`.
+fn conflict(holders: &[Holder], slots: u32) -> Option<String> {
+    let other = holders.iter().find(|h| h.slots != slots)?;
+    Some(slots_conflict(other.slots, slots).to_string())
 }
 
 fn error(msg: &str) -> u8 {

@@ -122,7 +122,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Release(args) => {
             install_logger(&args.log, &args.name);
             let backend = admin_backend(&args.backend, &args.name, password)?;
-            Ok(runtime.block_on(admin::force_release(&backend, &args.name)))
+            Ok(runtime.block_on(admin::force_release(
+                &backend,
+                &args.name,
+                args.backend.slots,
+            )))
         }
     }
 }

@@ -78,6 +78,8 @@ events! {
     Acquired => "acquired",
     /// The lock is held by someone else and `--wait` ran out.
     Busy => "busy",
+    /// The lock is held by someone else: waiting for it (`--wait`), said once a run.
+    Waiting => "waiting",
     /// A renewal failed for a reason that may pass; retried while the lease is valid.
     RenewFailed => "renew_failed",
     /// The lock was lost while the command ran; the command was stopped.
@@ -251,6 +253,7 @@ mod tests {
             [
                 "acquired",
                 "busy",
+                "waiting",
                 "renew_failed",
                 "lost",
                 "killing",

@@ -46,6 +46,7 @@ async fn acquire_with<B: Backend>(
         backend: cfg.backend.display.clone(),
     };
     let mut policy = Policy::new(terms, request, random, BootInstant::now());
+    let mut said_waiting = false;
     loop {
         let reply = send(cfg, backend, &policy, signals).await?;
         match policy.on_reply(reply, BootInstant::now()) {
@@ -53,7 +54,12 @@ async fn acquire_with<B: Backend>(
             Next::Wait {
                 holder,
                 for_at_most,
-            } => wait(cfg, backend, &policy, signals, &holder, for_at_most).await?,
+            } => {
+                if !std::mem::replace(&mut said_waiting, true) {
+                    log_waiting(cfg, &holder, for_at_most);
+                }
+                wait(cfg, backend, &policy, signals, &holder, for_at_most).await?
+            }
             Next::GiveUpBusy { holder, waited } => {
                 let stop = backend.stop_waiting(cfg.name.as_str());
                 let _ = tokio::time::timeout(request_timeout(cfg.ttl), stop).await;
@@ -201,6 +207,22 @@ fn gave_up(error: &BackendError, attempts: u32, tried_for: Duration) -> Outcome 
     ];
     emit(Level::Error, Event::Error, &msg, &fields);
     Outcome::Failed
+}
+
+/// The line said once, when a run first finds the lock busy and starts waiting.
+fn log_waiting(cfg: &RunConfig, holder: &Holder, wait_left: Duration) {
+    let known = Known::of(holder);
+    let what = match cfg.backend.slots {
+        1 => format!("is {}", known.held()),
+        n => format!("has all {n} slots held"),
+    };
+    let msg = format!(
+        "lock {:?} {what}; waiting up to {} for it",
+        cfg.name.as_str(),
+        ms(wait_left)
+    );
+    let fields = [("wait_left_ms", millis(wait_left))];
+    emit(Level::Info, Event::Waiting, &msg, &fields);
 }
 
 fn busy(cfg: &RunConfig, holder: &Holder, waited: Duration) -> Outcome {

@@ -355,3 +355,52 @@ fn port_0_is_refused_in_every_backend_url() {
         .env("LOCKRUN_URL", "redis://127.0.0.1:0");
     assert_refused(&run(cmd), "port 0");
 }
+
+#[test]
+fn slot_counts_out_of_range_are_refused_in_one_line() {
+    // Against a live server, so that an accepted value would run the command.
+    let redis = RedisServer::start();
+    let s = Scratch::new();
+    let marker = s.path("ran");
+    for bad in ["0", "1001", "-1", "three", "", "4294967296"] {
+        let given = format!("--slots={bad}");
+        let mut cmd = lockrun_run(&redis.url(), "job", &[&given], &["touch"]);
+        cmd.arg(&marker);
+        assert_refused(&run(cmd), "--slots");
+        let mut cmd = lockrun_run(&redis.url(), "job", &[], &["touch"]);
+        cmd.arg(&marker).env("LOCKRUN_SLOTS", bad);
+        assert_refused(&run(cmd), "--slots");
+        assert!(!marker.exists(), "--slots {bad:?}: the command ran");
+    }
+    for sub in ["status", "release"] {
+        let mut cmd = lockrun();
+        cmd.args([sub, "--url", &redis.url(), "--slots", "0"]);
+        if sub == "release" {
+            cmd.arg("--force");
+        }
+        cmd.arg("job");
+        let f = run(cmd);
+        f.assert_failure(125);
+        assert!(f.stderr.contains("--slots"), "{sub}: {}", f.stderr);
+    }
+    assert!(!redis.exists(&lock_key("job")), "a refused run left a lock");
+}
+
+#[test]
+fn the_command_learns_its_slot_and_a_plain_lock_is_slot_0() {
+    let redis = RedisServer::start();
+    let f = run(lockrun_run(
+        &redis.url(),
+        "job",
+        &[],
+        &sh(r#"echo "$LOCKRUN_SLOT""#),
+    ));
+    f.assert_code(0);
+    assert_eq!(f.stdout.trim(), "0");
+    // A LOCKRUN_SLOT inherited from an outer lockrun is replaced, not passed on.
+    let mut cmd = lockrun_run(&redis.url(), "inner", &[], &sh(r#"echo "$LOCKRUN_SLOT""#));
+    cmd.env("LOCKRUN_SLOT", "7");
+    let f = run(cmd);
+    f.assert_code(0);
+    assert_eq!(f.stdout.trim(), "0");
+}

@@ -20,13 +20,15 @@ const HUGE_MS: &str = "18446744073709551615000";
 /// Millisecond arguments no script may accept, each for its own reason.
 const BAD_MS: [&str; 7] = [HUGE_MS, "86400001", "0", "-5", "1e3", "0x10", " 5"];
 
-/// The four keys of the acquire script for `name`.
-fn acquire_keys(name: &str) -> [String; 4] {
+/// The keys of the acquire script for `name` as a plain lock: fence, queue, alive,
+/// limit, then the one slot.
+fn acquire_keys(name: &str) -> [String; 5] {
     [
-        lock_key(name),
         fence_key(name),
         waiter_key(name, "waiters"),
         waiter_key(name, "alive"),
+        limit_key(name),
+        lock_key(name),
     ]
 }
 
@@ -115,16 +117,22 @@ fn renew_and_release_refuse_a_lease_the_server_cannot_take() {
     acquire(&redis, "60000", "", "6000").expect("acquired");
     let key = lock_key("job");
     let wake = "lockrun:{job}:wake:";
-    let keys3 = [key.as_str(), "lockrun:{job}:waiters", "lockrun:{job}:alive"];
+    let limit = limit_key("job");
+    let keys4 = [
+        "lockrun:{job}:waiters",
+        "lockrun:{job}:alive",
+        limit.as_str(),
+        key.as_str(),
+    ];
     for bad in BAD_MS {
-        let e = redis.eval_lockrun_script("renew", &[&key], &["owner-token", bad]);
+        let e = redis.eval_lockrun_script("renew", &[&limit, &key], &["owner-token", bad]);
         assert!(
             e.is_err_and(|e| e.to_string().contains("ttl_ms must be")),
             "{bad:?}"
         );
         if bad != "0" {
             // keep_ms 0 is a plain release; the rest must be refused, lock untouched.
-            let e = redis.eval_lockrun_script("release", &keys3, &["owner-token", bad, wake]);
+            let e = redis.eval_lockrun_script("release", &keys4, &["owner-token", bad, wake]);
             assert!(
                 e.is_err_and(|e| e.to_string().contains("keep_ms must be")),
                 "{bad:?}"

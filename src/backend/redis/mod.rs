@@ -6,6 +6,19 @@
 //! counter, and the queue of `--wait`ers with their heartbeats; a release wakes only
 //! the longest-waiting live waiter, on its own pub/sub channel.
 //!
+//! Semaphores (`--slots N`): slot 0 is the plain lock's hash, slot `i` the hash
+//! `P{NAME}#i`, each with its own lease; every script that takes a slot is given all N
+//! slot keys and takes the lowest free one in one atomic step, after checking that
+//! every live holder was taken with the same N (a `slots` field on each hash, none
+//! meaning 1; and the limit key `P{NAME}:slots`, which holds the N of the live
+//! holders for as long as their longest lease, so that an acquirer with a smaller N,
+//! which does not see the higher slots, is refused too). One fencing counter serves
+//! every slot. A freed slot wakes one waiter; a woken waiter is marked until it tries
+//! again, so two slots freed at once wake two waiters. Renewal goes to the slot taken
+//! (remembered from the acquire); a release looks in every slot, so it also works for
+//! a token whose acquire answer was lost. With N = 1 the keys, fields and round trips
+//! are those of the plain lock before semaphores.
+//!
 //! Every key expires (SPEC property 8): the scripts check their lease arguments (1 ms
 //! to [`MAX_LEASE`]) before writing anything, and each key gets its expiry in the
 //! command that writes it or right after it; a lock found without an expiry is given
@@ -21,24 +34,29 @@
 //!
 //! Files: `target.rs` (the URL), `sentinel.rs` (Sentinel URLs and master lookup),
 //! `conn.rs` (connecting), `errors.rs` (error lines), `scripts.rs` + `scripts/*.lua`,
-//! `redlock.rs` (the quorum).
+//! `replies.rs` (their answers), `redlock.rs` + `redlock/votes.rs` (the quorum).
 
 mod conn;
 mod errors;
 pub mod redlock;
+mod replies;
 mod scripts;
 pub mod sentinel;
 mod target;
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use redis::{FromRedisValue, Value};
 
 use crate::backend::conn::{self as slot, InUse};
-use crate::backend::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
+use crate::backend::{
+    slots_conflict, wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release,
+};
 use crate::config::BackendConfig;
 use conn::{RedisConn, RedisSlot};
-use scripts::{AcquireReply, Done, HolderReply, Keys, Script};
+use replies::{AcquireReply, Done, HoldersReply};
+use scripts::{Keys, Script};
 pub use scripts::{FENCE_KEEP, MAX_LEASE};
 pub use target::{RedisTarget, KIND};
 
@@ -61,9 +79,14 @@ pub struct RedisBackend {
     target: RedisTarget,
     display: String,
     key_prefix: String,
-    slot: RedisSlot,
+    /// The N of `--slots` (1: a plain lock).
+    slots: u32,
+    connection: RedisSlot,
     notifications: bool,
     waiter_id: String,
+    /// The token and slot of our last acquisition, for renewals to go to that slot
+    /// only. Held for no await.
+    taken: Mutex<Option<(String, u32)>>,
 }
 
 impl RedisBackend {
@@ -74,9 +97,11 @@ impl RedisBackend {
             target,
             display: config.display.clone(),
             key_prefix: config.key_prefix.clone(),
-            slot: RedisSlot::default(),
+            slots: config.slots.max(1),
+            connection: RedisSlot::default(),
             notifications,
             waiter_id: crate::token::random_hex(8),
+            taken: Mutex::new(None),
         }
     }
 
@@ -87,45 +112,50 @@ impl RedisBackend {
 
     /// The connection for one call, made if needed.
     async fn conn(&self) -> Result<InUse<'_, RedisConn>, BackendError> {
-        self.slot
+        self.connection
             .get(|_| conn::connect(&self.target, self.notifications, &self.display))
             .await
     }
 
-    /// Runs `script` on lock `name` with `args` and parses its reply. A failed call
+    /// Runs `script` on lock `name` (its slot `taken` only, where the script can do
+    /// with one; every slot otherwise) with `args` and parses its reply. A failed call
     /// drops the connection (so does an abandoned one); a reply that does not parse is
     /// a refusal, never a made-up default.
     async fn eval<T: FromRedisValue>(
         &self,
         script: Script,
         name: &str,
+        taken: Option<u32>,
         args: &[&str],
     ) -> Result<T, BackendError> {
-        let keys = Keys::new(&self.key_prefix, name);
+        let keys = Keys::new(&self.key_prefix, name).for_script(script, self.slots, taken);
         let c = self.conn().await?;
         let mut conn = c.conn.clone();
         let reply = redis::cmd("EVAL")
             .arg(script.source())
-            .arg(script.key_count())
-            .arg(keys.for_script(script))
+            .arg(keys.len())
+            .arg(keys)
             .arg(args)
             .query_async::<Value>(&mut conn)
             .await;
         let value = c.settle(reply.map_err(|e| errors::describe(&e, &self.display)))?;
-        scripts::parse(script, value).map_err(|bad| {
+        replies::parse(script, value).map_err(|bad| {
             BackendError::Refused(format!("Redis at {} gave {}", self.display, bad.0))
         })
     }
 
-    /// One run of the acquire script; as a waiter, it also joins the queue (or
-    /// refreshes this waiter's heartbeat) when the lock is busy.
+    /// One run of the acquire script, for the lowest free slot or slot `wanted`; as a
+    /// waiter, it also joins the queue (or refreshes this waiter's heartbeat) when the
+    /// slots are busy.
     async fn try_acquire(
         &self,
         name: &str,
         req: &AcquireRequest,
         waiter: bool,
-    ) -> Result<Acquire, BackendError> {
+        wanted: Option<u32>,
+    ) -> Result<AcquireReply, BackendError> {
         let waiter_id = if waiter { self.waiter_id.as_str() } else { "" };
+        let wanted = wanted.map(|s| s.to_string()).unwrap_or_default();
         let args = [
             req.token.as_str(),
             &ms(req.ttl),
@@ -133,14 +163,32 @@ impl RedisBackend {
             &req.pid.to_string(),
             waiter_id,
             &ms(WAITER_ALIVE),
+            &wanted,
         ];
-        Ok(match self.eval(Script::Acquire, name, &args).await? {
-            AcquireReply::Acquired(fencing_token) => Acquire::Acquired {
-                fencing_token,
-                slot: 0,
-            },
-            AcquireReply::Busy(holder) => Acquire::Busy(holder),
-        })
+        self.eval(Script::Acquire, name, None, &args).await
+    }
+
+    /// Tries once to take the lowest free slot of `name` (or slot `wanted`: Redlock's
+    /// second round), answering as the script does: Redlock counts these answers.
+    pub async fn acquire_slot(
+        &self,
+        name: &str,
+        req: &AcquireRequest,
+        wanted: Option<u32>,
+    ) -> Result<AcquireReply, BackendError> {
+        let waiting = self.notifications;
+        let first = self.try_acquire(name, req, waiting, wanted).await?;
+        if !waiting
+            || !matches!(first, AcquireReply::Busy(_))
+            || slot::subscribed(&self.connection, RedisConn::pushes)
+        {
+            return Ok(first);
+        }
+        // Busy, and about to wait: subscribe to this waiter's wake-up channel, then try
+        // once more, so a release that came between the first try and the
+        // subscription is not missed. An uncontended run never pays for this.
+        self.subscribe(name).await?;
+        self.try_acquire(name, req, waiting, wanted).await
     }
 
     /// Subscribes the connection to this waiter's wake-up channel.
@@ -163,16 +211,53 @@ impl RedisBackend {
         c.settle(reply.map_err(|e| errors::describe(&e, &self.display)))
     }
 
+    /// Extends the lease of `token` in slot `taken` (every slot looked in if unknown).
+    pub async fn renew_slot(
+        &self,
+        name: &str,
+        token: &str,
+        ttl: Duration,
+        taken: Option<u32>,
+    ) -> Result<(), BackendError> {
+        owned(
+            self.eval(Script::Renew, name, taken, &[token, &ms(ttl)])
+                .await?,
+        )
+    }
+
+    /// Every holder of `name`'s slots, with their tokens (Redlock compares them).
+    pub async fn holders(&self, name: &str) -> Result<HoldersReply, BackendError> {
+        self.eval(Script::Inspect, name, None, &[]).await
+    }
+
+    /// Deletes every slot of `name` and answers who held them, with their tokens;
+    /// nothing is deleted when a holder was taken with another N (`theirs`).
+    pub async fn force_holders(&self, name: &str) -> Result<HoldersReply, BackendError> {
+        let wake_prefix = Keys::new(&self.key_prefix, name).wake_prefix;
+        self.eval(Script::Force, name, None, &[&wake_prefix]).await
+    }
+
+    /// The refusal for holders taken with `theirs` slots, this backend's N being ours.
+    pub fn conflict(&self, theirs: u32) -> BackendError {
+        slots_conflict(theirs, self.slots)
+    }
+
     /// Raises this server's fencing counter for `name` to at least `fence`, and records
-    /// `fence` on the lock entry if it holds `token` (Redlock's write-back).
+    /// `fence` on slot `slot` if `token` holds it (Redlock's write-back).
     pub async fn raise_fence(
         &self,
         name: &str,
         fence: u64,
         token: &str,
+        slot: u32,
     ) -> Result<(), BackendError> {
         let Done(_) = self
-            .eval(Script::FenceFloor, name, &[&fence.to_string(), token])
+            .eval(
+                Script::FenceFloor,
+                name,
+                Some(slot),
+                &[&fence.to_string(), token],
+            )
             .await?;
         Ok(())
     }
@@ -191,25 +276,43 @@ fn owned(Done(done): Done) -> Result<(), BackendError> {
     }
 }
 
+/// Holders as `status` shows them: when none of them shows that they were taken with
+/// another N, yet the limit key says so (`theirs`), a refusal; otherwise the holders
+/// (`status` refuses those of another N itself).
+fn shown(reply: HoldersReply, ours: u32) -> Result<Vec<Holder>, BackendError> {
+    let holders: Vec<Holder> = reply.holders.into_iter().map(|h| h.holder).collect();
+    if reply.theirs != 0 && holders.iter().all(|h| h.slots == ours) {
+        return Err(slots_conflict(reply.theirs, ours));
+    }
+    Ok(holders)
+}
+
 impl Backend for RedisBackend {
     async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
-        let waiting = self.notifications;
-        let first = self.try_acquire(name, req, waiting).await?;
-        if !waiting
-            || matches!(first, Acquire::Acquired { .. })
-            || slot::subscribed(&self.slot, RedisConn::pushes)
-        {
-            return Ok(first);
+        match self.acquire_slot(name, req, None).await? {
+            AcquireReply::Acquired {
+                fencing_token,
+                slot,
+                ..
+            } => {
+                *self.taken.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((req.token.clone(), slot));
+                Ok(Acquire::Acquired {
+                    fencing_token,
+                    slot,
+                })
+            }
+            AcquireReply::Busy(holder) => Ok(Acquire::Busy(holder)),
+            AcquireReply::Conflict(theirs) => Err(self.conflict(theirs)),
         }
-        // Busy, and about to wait: subscribe to this waiter's wake-up channel, then try
-        // once more, so a release that came between the first try and the
-        // subscription is not missed. An uncontended run never pays for this.
-        self.subscribe(name).await?;
-        self.try_acquire(name, req, waiting).await
     }
 
     async fn renew(&self, name: &str, token: &str, ttl: Duration) -> Result<(), BackendError> {
-        owned(self.eval(Script::Renew, name, &[token, &ms(ttl)]).await?)
+        let taken = match &*self.taken.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some((t, slot)) if t == token => Some(*slot),
+            _ => None,
+        };
+        self.renew_slot(name, token, ttl, taken).await
     }
 
     async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
@@ -218,29 +321,29 @@ impl Backend for RedisBackend {
             Release::KeepFor(d) => ms(d),
         };
         let wake_prefix = Keys::new(&self.key_prefix, name).wake_prefix;
-        owned(
-            self.eval(Script::Release, name, &[token, &keep, &wake_prefix])
-                .await?,
-        )
+        let done = self
+            .eval(Script::Release, name, None, &[token, &keep, &wake_prefix])
+            .await?;
+        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+        if taken.as_ref().is_some_and(|(t, _)| t == token) {
+            *taken = None;
+        }
+        owned(done)
     }
 
     async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
-        let one: Result<Option<Holder>, BackendError> = async {
-            let HolderReply(holder) = self.eval(Script::Inspect, name, &[]).await?;
-            Ok(holder)
-        }
-        .await;
-        Ok(one?.into_iter().collect())
+        shown(self.holders(name).await?, self.slots)
     }
 
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
-        let one: Result<Option<Holder>, BackendError> = async {
-            let wake_prefix = Keys::new(&self.key_prefix, name).wake_prefix;
-            let HolderReply(holder) = self.eval(Script::Force, name, &[&wake_prefix]).await?;
-            Ok(holder)
+        let reply = self.force_holders(name).await?;
+        if reply.theirs != 0 {
+            return Err(BackendError::Refused(format!(
+                "{}; nothing was broken",
+                self.conflict(reply.theirs)
+            )));
         }
-        .await;
-        Ok(one?.into_iter().collect())
+        Ok(reply.holders.into_iter().map(|h| h.holder).collect())
     }
 
     async fn wait_for_release(
@@ -251,12 +354,14 @@ impl Backend for RedisBackend {
     ) -> Result<(), BackendError> {
         // The cap also keeps this waiter's heartbeat fresh (it is renewed by each try).
         let slice = wait_slice(busy.ttl_left, max);
-        slot::wait_for_wakeup(&self.slot, RedisConn::pushes, slice, async |pushes| loop {
-            match pushes.recv().await?.kind {
-                redis::PushKind::Message => return Some(()),
-                // The connection is gone; the next call reconnects and resubscribes.
-                redis::PushKind::Disconnection => return None,
-                _ => continue,
+        slot::wait_for_wakeup(&self.connection, RedisConn::pushes, slice, async |pushes| {
+            loop {
+                match pushes.recv().await?.kind {
+                    redis::PushKind::Message => return Some(()),
+                    // The connection is gone; the next call reconnects and resubscribes.
+                    redis::PushKind::Disconnection => return None,
+                    _ => continue,
+                }
             }
         })
         .await;
@@ -267,7 +372,38 @@ impl Backend for RedisBackend {
         if !self.notifications {
             return Ok(());
         }
-        let Done(_) = self.eval(Script::Leave, name, &[&self.waiter_id]).await?;
+        let Done(_) = self
+            .eval(Script::Leave, name, None, &[&self.waiter_id])
+            .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use replies::SlotHolder;
+
+    fn holder(slot: u32, slots: u32) -> SlotHolder {
+        SlotHolder {
+            holder: Holder {
+                slot,
+                slots,
+                ..Holder::default()
+            },
+            token: "t".into(),
+        }
+    }
+
+    #[test]
+    fn a_limit_key_of_another_n_is_refused_unless_a_holder_shows_it() {
+        let reply = |theirs, holders| HoldersReply { theirs, holders };
+        assert_eq!(shown(reply(0, vec![holder(1, 3)]), 3).unwrap().len(), 1);
+        // Holders of 3 in slots a --slots 2 does not see: only the limit key tells.
+        let e = shown(reply(3, vec![]), 2).unwrap_err();
+        assert_eq!(e, slots_conflict(3, 2));
+        // A holder that shows the other N is listed: `status` names it and refuses.
+        let h = shown(reply(3, vec![holder(0, 3)]), 1).unwrap();
+        assert_eq!((h[0].slot, h[0].slots), (0, 3));
     }
 }

@@ -7,6 +7,16 @@
 //! validity is the driver's: it counts the TTL from before the first request was sent,
 //! less the drift margin, which is Redlock's "TTL − elapsed − drift".
 //!
+//! Semaphores (`--slots N`): a holder needs the same slot on a majority. Every server
+//! first takes its lowest free slot and says which slots were free; the slot taken is
+//! the lowest one free on a majority. Servers that took another one give it back and,
+//! where the chosen slot was free, ask for exactly it (a second round, only when the
+//! servers disagree); without a majority on one slot everything is given back and the
+//! answer is busy (a split vote: retried after a short random delay). Renewals go to
+//! the chosen slot only; a release looks in every slot. A slot is shown as held when a
+//! majority holds it with one token. A holder of another N seen by any server is
+//! refused.
+//!
 //! Fencing: each server answers with `max(its counter + 1, its clock in µs)`. The
 //! quorum's token is the largest answer of the majority that granted the lock, written
 //! back to a majority before it is handed out. Two majorities always share a server,
@@ -17,18 +27,22 @@
 //! while the lease runs, clocks that jump, long pauses), the fencing token is what
 //! protects the downstream store: see the README.
 
+mod votes;
+
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::{join_all, select_all};
 
+use super::replies::{AcquireReply, HoldersReply};
 use super::target::{self, RedisTarget};
 use super::RedisBackend;
 use crate::backend::{
     Acquire, AcquireRequest, AnyBackend, Backend, BackendError, Holder, Release, Target, UrlContext,
 };
 use crate::config::{BackendConfig, ConfigError};
+use votes::{choose_slot, conflict_in, disagree, free_maps, group, other_n, votes};
 
 /// The fewest servers a quorum may have: with fewer, one failure stops every lock.
 pub const MIN_NODES: usize = 3;
@@ -62,12 +76,21 @@ impl Target for RedlockTarget {
     fn open(&self, config: &BackendConfig, waiting: bool) -> AnyBackend {
         AnyBackend::new(RedlockBackend::new(self, config, waiting))
     }
+
+    fn semaphores(&self) -> bool {
+        true
+    }
 }
 
 /// A lock backend over a quorum of independent Redis servers.
 pub struct RedlockBackend {
     /// At least [`MIN_NODES`] (a [`RedlockTarget`] cannot have fewer).
     nodes: Vec<RedisBackend>,
+    /// The N of `--slots` (1: a plain lock).
+    slots: u32,
+    /// The token and slot of our last acquisition: renewals go to that slot only on
+    /// every server. Held for no await.
+    taken: Mutex<Option<(String, u32)>>,
 }
 
 impl RedlockBackend {
@@ -84,7 +107,11 @@ impl RedlockBackend {
                 RedisBackend::new(t.clone(), &node_config, waiting)
             })
             .collect();
-        RedlockBackend { nodes }
+        RedlockBackend {
+            nodes,
+            slots: config.slots.max(1),
+            taken: Mutex::new(None),
+        }
     }
 
     fn quorum(&self) -> usize {
@@ -101,8 +128,22 @@ impl RedlockBackend {
         F: Fn(&'a RedisBackend) -> Fut,
         Fut: Future<Output = Result<T, BackendError>> + 'a,
     {
-        join_all(self.nodes.iter().map(|node| {
-            let fut = call(node);
+        self.on_each(timeout, |_, node| call(node)).await
+    }
+
+    /// Runs `call` on every server at once (given its index), each bounded by
+    /// `timeout`.
+    async fn on_each<'a, T, F, Fut>(
+        &'a self,
+        timeout: Duration,
+        call: F,
+    ) -> Vec<Result<T, BackendError>>
+    where
+        F: Fn(usize, &'a RedisBackend) -> Fut,
+        Fut: Future<Output = Result<T, BackendError>> + 'a,
+    {
+        join_all(self.nodes.iter().enumerate().map(|(i, node)| {
+            let fut = call(i, node);
             async move {
                 tokio::time::timeout(timeout, fut)
                     .await
@@ -116,6 +157,120 @@ impl RedlockBackend {
             }
         }))
         .await
+    }
+
+    /// The second round, when the servers took different slots: each server that took
+    /// another slot than `slot` gives it back and, where `slot` was free, asks for it.
+    /// The other answers stand.
+    async fn move_to(
+        &self,
+        name: &str,
+        req: &AcquireRequest,
+        timeout: Duration,
+        first: Vec<Result<AcquireReply, BackendError>>,
+        slot: u32,
+    ) -> Vec<Result<AcquireReply, BackendError>> {
+        let first = &first;
+        self.on_each(timeout, |i, n| async move {
+            let before = first[i].clone();
+            let Ok(AcquireReply::Acquired {
+                slot: took, free, ..
+            }) = &before
+            else {
+                return before;
+            };
+            if *took == slot {
+                return before;
+            }
+            n.release(name, &req.token, Release::Now).await?;
+            match free.get(slot as usize) {
+                Some(true) => n.acquire_slot(name, req, Some(slot)).await,
+                // Given back, and not asked again: still counted as a split vote.
+                _ => before,
+            }
+        })
+        .await
+    }
+
+    /// Gives `token` back on every server, if any of `answers` took a slot.
+    async fn give_back(
+        &self,
+        name: &str,
+        token: &str,
+        timeout: Duration,
+        answers: &[Result<AcquireReply, BackendError>],
+    ) {
+        if answers
+            .iter()
+            .any(|a| matches!(a, Ok(AcquireReply::Acquired { .. })))
+        {
+            let _ = self
+                .on_all(timeout, |n| n.release(name, token, Release::Now))
+                .await;
+        }
+    }
+
+    /// The quorum's fencing token for `slot`, taken by a majority with `fences`: the
+    /// largest, written back to a majority before it is handed out (or everything
+    /// given back).
+    async fn fence(
+        &self,
+        name: &str,
+        req: &AcquireRequest,
+        timeout: Duration,
+        slot: u32,
+        fences: Vec<u64>,
+    ) -> Result<u64, BackendError> {
+        let fence = fences.iter().copied().max().unwrap_or(0);
+        let written = self
+            .on_all(timeout, |n| n.raise_fence(name, fence, &req.token, slot))
+            .await;
+        if written.iter().filter(|w| w.is_ok()).count() >= self.quorum() {
+            *self.taken.lock().unwrap_or_else(|e| e.into_inner()) = Some((req.token.clone(), slot));
+            return Ok(fence);
+        }
+        let _ = self
+            .on_all(timeout, |n| n.release(name, &req.token, Release::Now))
+            .await;
+        Err(self.no_quorum("recorded the fencing token", 0, &written))
+    }
+
+    /// The answer when no slot was granted by a majority (and everything was given
+    /// back): busy if enough servers answered to know, with the holder whose lease
+    /// ends first; after a split vote, busy for a short random time.
+    fn not_granted(
+        &self,
+        answers: &[Result<AcquireReply, BackendError>],
+        chosen: Option<u32>,
+    ) -> Result<Acquire, BackendError> {
+        let split = answers
+            .iter()
+            .any(|a| matches!(a, Ok(AcquireReply::Acquired { .. })));
+        let busy = answers
+            .iter()
+            .filter_map(|a| match a {
+                Ok(AcquireReply::Busy(h)) => Some(h),
+                _ => None,
+            })
+            .min_by_key(|h| h.ttl_left)
+            .cloned();
+        let answered = answers.iter().filter(|a| a.is_ok()).count();
+        if answered < self.quorum() || (busy.is_none() && !split) {
+            let granted = chosen.map_or(0, |s| votes(answers, s).len());
+            return Err(self.no_quorum("granted the lock", granted, answers));
+        }
+        // Others hold the slots on a majority (or will lose them soon): wait.
+        let mut holder = busy.unwrap_or(Holder {
+            slots: self.slots,
+            ..Holder::default()
+        });
+        if split {
+            // A split vote between contenders (or servers that disagree on which slot
+            // is free): each gives its votes back, so retry after a short random delay
+            // rather than the holder's TTL.
+            holder.ttl_left = Duration::from_millis(5 + crate::token::random_u64() % 45);
+        }
+        Ok(Acquire::Busy(holder))
     }
 
     /// Explains a missing quorum from the answers' errors.
@@ -152,59 +307,50 @@ fn node_timeout(ttl: Duration) -> Duration {
 impl Backend for RedlockBackend {
     async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
         let timeout = node_timeout(req.ttl);
-        let answers = self.on_all(timeout, |n| n.acquire(name, req)).await;
-        let fences: Vec<u64> = answers
-            .iter()
-            .filter_map(|a| match a {
-                Ok(Acquire::Acquired { fencing_token, .. }) => Some(*fencing_token),
-                _ => None,
-            })
-            .collect();
-        if fences.len() >= self.quorum() {
-            let fence = fences.iter().copied().max().unwrap_or(0);
-            let written = self
-                .on_all(timeout, |n| n.raise_fence(name, fence, &req.token))
-                .await;
-            if written.iter().filter(|w| w.is_ok()).count() >= self.quorum() {
-                return Ok(Acquire::Acquired {
-                    fencing_token: fence,
-                    slot: 0,
-                });
+        let first = self
+            .on_all(timeout, |n| n.acquire_slot(name, req, None))
+            .await;
+        if let Some(theirs) = conflict_in(&first) {
+            self.give_back(name, &req.token, timeout, &first).await;
+            return Err(self.nodes[0].conflict(theirs));
+        }
+        let chosen = choose_slot(&free_maps(&first), self.quorum());
+        // Servers that took another slot than the one chosen give it back, and take
+        // the chosen one where it was free: a second round only when they disagree.
+        let answers = match chosen {
+            Some(slot) if disagree(&first, slot) => {
+                self.move_to(name, req, timeout, first, slot).await
             }
-            let _ = self
-                .on_all(timeout, |n| n.release(name, &req.token, Release::Now))
-                .await;
-            return Err(self.no_quorum("recorded the fencing token", 0, &written));
+            _ => first,
+        };
+        if let Some(theirs) = conflict_in(&answers) {
+            self.give_back(name, &req.token, timeout, &answers).await;
+            return Err(self.nodes[0].conflict(theirs));
         }
-        // No majority: give back what we got, everywhere.
-        if !fences.is_empty() {
-            let _ = self
-                .on_all(timeout, |n| n.release(name, &req.token, Release::Now))
-                .await;
-        }
-        let busy = answers.iter().find_map(|a| match a {
-            Ok(Acquire::Busy(h)) => Some(h.clone()),
-            _ => None,
-        });
-        let answered = answers.iter().filter(|a| a.is_ok()).count();
-        match busy {
-            // Enough servers answered to know: someone else holds a majority (or will
-            // lose it soon); waiting is the right thing.
-            Some(mut holder) if answered >= self.quorum() => {
-                if !fences.is_empty() {
-                    // A split vote between contenders: each gives its votes back, so
-                    // retry after a short random delay rather than the holder's TTL.
-                    holder.ttl_left = Duration::from_millis(5 + crate::token::random_u64() % 45);
-                }
-                Ok(Acquire::Busy(holder))
+        if let Some(slot) = chosen {
+            let fences = votes(&answers, slot);
+            if fences.len() >= self.quorum() {
+                return self
+                    .fence(name, req, timeout, slot, fences)
+                    .await
+                    .map(|fencing_token| Acquire::Acquired {
+                        fencing_token,
+                        slot,
+                    });
             }
-            _ => Err(self.no_quorum("granted the lock", fences.len(), &answers)),
         }
+        // No majority on one slot: give back what we got, everywhere.
+        self.give_back(name, &req.token, timeout, &answers).await;
+        self.not_granted(&answers, chosen)
     }
 
     async fn renew(&self, name: &str, token: &str, ttl: Duration) -> Result<(), BackendError> {
+        let taken = match &*self.taken.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some((t, slot)) if t == token => Some(*slot),
+            _ => None,
+        };
         let answers = self
-            .on_all(node_timeout(ttl), |n| n.renew(name, token, ttl))
+            .on_all(node_timeout(ttl), |n| n.renew_slot(name, token, ttl, taken))
             .await;
         let ok = answers.iter().filter(|a| a.is_ok()).count();
         let lost = answers
@@ -225,6 +371,10 @@ impl Backend for RedlockBackend {
         let answers = self
             .on_all(Duration::from_secs(1), |n| n.release(name, token, how))
             .await;
+        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+        if taken.as_ref().is_some_and(|(t, _)| t == token) {
+            *taken = None;
+        }
         if answers.iter().any(|a| a.is_ok()) {
             Ok(())
         } else if answers
@@ -239,42 +389,54 @@ impl Backend for RedlockBackend {
 
     async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
         let answers = self
-            .on_all(Duration::from_secs(1), |n| n.inspect(name))
+            .on_all(Duration::from_secs(1), |n| n.holders(name))
             .await;
-        let holders: Vec<&Holder> = answers
-            .iter()
-            .filter_map(|a| a.as_ref().ok()?.first())
-            .collect();
         let answered = answers.iter().filter(|a| a.is_ok()).count();
         if answered < self.quorum() {
             return Err(self.no_quorum("answered", answered, &answers));
         }
-        // Held only if a majority holds it; show the holder with the quorum's token.
-        Ok((holders.len() >= self.quorum())
-            .then(|| {
-                holders
-                    .iter()
-                    .max_by_key(|h| h.fencing_token)
-                    .map(|h| (*h).clone())
-            })
-            .flatten()
+        let replies: Vec<&HoldersReply> = answers.iter().filter_map(|a| a.as_ref().ok()).collect();
+        // A slot is held only if a majority holds it with one token; each is shown
+        // with the quorum's fencing token (the largest of those servers').
+        let held: Vec<Holder> = group(replies.iter().flat_map(|r| &r.holders))
             .into_iter()
-            .collect())
+            .filter(|(count, _)| *count >= self.quorum())
+            .map(|(_, h)| h)
+            .collect();
+        if held.iter().all(|h| h.slots == self.slots) {
+            // Holders of another N that no majority shows, or in slots beyond ours
+            // (the limit key), are refused here: `status` cannot list them.
+            if let Some(theirs) = replies.iter().find_map(|r| other_n(r, self.slots)) {
+                return Err(self.nodes[0].conflict(theirs));
+            }
+        }
+        Ok(held)
     }
 
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
         let answers = self
-            .on_all(Duration::from_secs(1), |n| n.force_release(name))
+            .on_all(Duration::from_secs(1), |n| n.force_holders(name))
             .await;
-        let answered = answers.iter().filter(|a| a.is_ok()).count();
-        if answered < self.quorum() {
-            return Err(self.no_quorum("answered", answered, &answers));
+        let replies: Vec<&HoldersReply> = answers.iter().filter_map(|a| a.as_ref().ok()).collect();
+        if replies.len() < self.quorum() {
+            return Err(self.no_quorum("answered", replies.len(), &answers));
         }
-        Ok(answers
+        let refused = replies.iter().filter(|r| r.theirs != 0).count();
+        if let Some(theirs) = replies.iter().map(|r| r.theirs).find(|&t| t != 0) {
+            let broken = match refused == replies.len() {
+                true => "nothing was broken".to_owned(),
+                false => format!(
+                    "{} of {} servers broke their slots",
+                    replies.len() - refused,
+                    self.nodes.len()
+                ),
+            };
+            let e = self.nodes[0].conflict(theirs);
+            return Err(BackendError::Refused(format!("{e}; {broken}")));
+        }
+        Ok(group(replies.iter().flat_map(|r| &r.holders))
             .into_iter()
-            .filter_map(|a| a.ok()?.into_iter().next())
-            .max_by_key(|h| h.fencing_token)
-            .into_iter()
+            .map(|(_, h)| h)
             .collect())
     }
 

@@ -41,6 +41,10 @@ impl Target for RedisTarget {
     fn open(&self, config: &BackendConfig, waiting: bool) -> AnyBackend {
         AnyBackend::new(RedisBackend::new(self.clone(), config, waiting))
     }
+
+    fn semaphores(&self) -> bool {
+        true
+    }
 }
 
 /// Checks a `redis://` or `rediss://` URL; the context's password wins over the URL's.

@@ -9,6 +9,9 @@
 //! - `contract`: running, exclusion, busy and waiting, hand-off, crashes, renewal,
 //!   `--hold-at-least`, fencing, `status` and `release --force`, ownership, no lease
 //!   longer than a day, failing closed;
+//! - `semaphore`: `--slots N` (SPEC 9): at most N inside on distinct slots with tokens
+//!   that increase, busy, `status` and `release --force` over every slot, another N
+//!   refused, a crashed holder's slot freed when its lease ends, waiters in order;
 //! - `faults`: a definite loss, the backend down, hung, killed or frozen while a command
 //!   holds the lock: the command is dead before the lease can have expired, and the lock
 //!   works again, with larger tokens, once the fault is over.
@@ -20,6 +23,7 @@
 
 mod contract;
 mod faults;
+mod semaphore;
 
 use std::time::Duration;
 
@@ -74,6 +78,17 @@ macro_rules! contract_tests {
         );
         contract_test!($start, contract::unreachable_backend_fails_closed);
         contract_test!($start, faults::definite_loss_stops_the_command);
+        contract_test!(
+            $start,
+            semaphore::semaphore_admits_at_most_n_on_distinct_slots
+        );
+        contract_test!($start, semaphore::semaphore_busy_status_and_forced_release);
+        contract_test!($start, semaphore::semaphore_refuses_a_different_slot_count);
+        contract_test!(
+            $start,
+            semaphore::semaphore_crashed_holders_slot_frees_when_its_lease_ends
+        );
+        contract_test!($start, semaphore::semaphore_waiters_are_served_in_order);
     };
 }
 

@@ -3,6 +3,25 @@
 //! and checks SPEC's safety properties; every violation becomes one line of
 //! [`Report::failures`], and the figures go into the summary line.
 //!
+//! One checker for both phases: a plain lock is a semaphore of one slot
+//! ([`History::slots`]). With N slots (property 9) it checks, in the same terms as for a
+//! plain lock:
+//! - every section ran on a slot in 0..N, the one its lockrun logged acquiring and the
+//!   one the server's reply (as the tap saw it) named;
+//! - two sections on one slot never overlapped, and no section started while N others
+//!   were inside (support's `slot_overlaps` and `crowded`), unless a fault that may
+//!   cause it (data loss, a clock jump, a pause of the stale holder's lockrun) explains
+//!   it, exactly as an overlap of a plain lock is explained;
+//! - fencing tokens are unique and strictly increase in happens-before order, over
+//!   every slot: an acquisition whose request reached the server after another's reply
+//!   had left it got the larger token (stronger than "a section that started after
+//!   another ended has the larger token", which it implies, and which does not hold
+//!   with N > 1: a holder may take its slot first and start its command late);
+//! - every holder's own kill deadline, as for a plain lock (`deadlines`);
+//! - the fenced store keeps one high watermark per slot (a resource per slot: what a
+//!   single watermark cannot be with N holders writing at once), so a stale holder's
+//!   write is rejected once a newer holder of its slot wrote.
+//!
 //! Bounds are always taken on the safe side, so that a violation found is a real one:
 //! - a section's own instants (taken by the section before it reported them) prove it
 //!   was running then;
@@ -18,7 +37,9 @@ use serde_json::Value;
 use super::deadlines::check_deadlines;
 use super::report::{Fault, FaultEvent, Run, Section};
 use super::tap::{Call, Record};
-use crate::support::{overlaps, reused_tokens, Span};
+use crate::support::{
+    crowded, most_inside, overlaps, reused_tokens, slot_overlaps, SlotSpan, Span,
+};
 
 /// Faults whose effect reaches a little before the instant recorded for them: the test
 /// notes the time, then acts.
@@ -39,8 +60,18 @@ pub struct Report {
     pub codes: BTreeMap<i32, usize>,
     /// Faults by kind.
     pub faults: BTreeMap<&'static str, usize>,
-    /// Pairs of sections that overlapped in time, by the fault that explains them.
+    /// Pairs of sections that overlapped in time on one slot, by the fault that
+    /// explains them.
     pub overlaps: BTreeMap<&'static str, usize>,
+    /// The slots of the lock (1: a plain lock).
+    pub slots: u32,
+    /// Sections that started while `slots` others were inside, by the fault that
+    /// explains them (semaphores only).
+    pub crowds: BTreeMap<&'static str, usize>,
+    /// The most sections inside at once.
+    pub most_inside: usize,
+    /// Sections by the slot they ran on.
+    pub by_slot: BTreeMap<u32, usize>,
     /// Store writes accepted.
     pub writes_accepted: usize,
     /// Store writes rejected (all from a stale holder).
@@ -68,10 +99,29 @@ impl Report {
         };
         let codes: Vec<String> = self.codes.iter().map(|(k, v)| format!("{k}:{v}")).collect();
         let ms = |v: Option<i64>| v.map_or("-".into(), |v| format!("{v}ms"));
+        let slots = if self.slots > 1 {
+            let by_slot: Vec<String> = self
+                .by_slot
+                .iter()
+                .map(|(k, v)| format!("{k}:{v}"))
+                .collect();
+            format!(
+                " | slots={}: most inside at once={}, sections by slot {{{}}}, started with \
+                 {} inside={} {{{}}}",
+                self.slots,
+                self.most_inside,
+                by_slot.join(" "),
+                self.slots,
+                self.crowds.values().sum::<usize>(),
+                kv(&self.crowds),
+            )
+        } else {
+            String::new()
+        };
         format!(
             "sections={} (in safe phases {}) runs by status {{{}}} stopped-on-loss={} | faults: {} \
              (total {}) | overlaps={} {{{}}} | store writes accepted={} stale writes rejected={} | \
-             kill lateness max={} (vs. the deadline lockrun could know) | kill after resume max={}",
+             kill lateness max={} (vs. the deadline lockrun could know) | kill after resume max={}{slots}",
             self.sections,
             self.sections_in_safe_phases,
             codes.join(" "),
@@ -102,6 +152,8 @@ pub struct History<'a> {
     pub store_log: &'a [String],
     /// The lease length every lockrun was given.
     pub ttl: Duration,
+    /// The slots every lockrun was given (`--slots`; 1: a plain lock).
+    pub slots: u32,
 }
 
 /// `d` in whole milliseconds.
@@ -121,12 +173,14 @@ pub(super) fn signed_ms(a: Duration, b: Duration) -> i64 {
 /// A lockrun run as its JSON log tells it.
 struct Parsed {
     fence: Option<u64>,
+    slot: Option<u64>,
     events: Vec<String>,
 }
 
 fn parse_log(run: &Run, failures: &mut Vec<String>) -> Parsed {
     let mut p = Parsed {
         fence: None,
+        slot: None,
         events: Vec::new(),
     };
     for line in run.stderr.lines() {
@@ -151,6 +205,7 @@ fn parse_log(run: &Run, failures: &mut Vec<String>) -> Parsed {
         let event = v["event"].as_str().unwrap_or("").to_owned();
         if event == "acquired" {
             p.fence = v["fencing_token"].as_u64();
+            p.slot = v["slot"].as_u64();
         }
         p.events.push(event);
     }
@@ -159,11 +214,14 @@ fn parse_log(run: &Run, failures: &mut Vec<String>) -> Parsed {
 
 /// Runs every check.
 pub fn check(h: &History<'_>) -> Report {
-    let mut r = Report::default();
+    let mut r = Report {
+        slots: h.slots,
+        ..Report::default()
+    };
     for f in h.faults {
         *r.faults.entry(f.kind.name()).or_default() += 1;
     }
-    let runs = check_runs(h, &mut r);
+    let (runs, logged_slots) = check_runs(h, &mut r);
     let sections: Vec<&Section> = h.sections.iter().filter(|s| s.fence != 0).collect();
     r.sections = sections.len();
     for s in h.sections {
@@ -179,15 +237,18 @@ pub fn check(h: &History<'_>) -> Report {
         }
     }
     let acquires = check_fences(h, &sections, &mut r);
+    check_slots(h, &sections, &logged_slots, &acquires, &mut r);
     check_overlaps(h, &sections, &acquires, &mut r);
     check_store(h, &sections, &mut r);
     check_deadlines(h, &sections, &runs, &acquires, &mut r);
     r
 }
 
-/// Exit statuses, explanations and JSON lines (check 4); returns runs by fencing token.
-fn check_runs<'a>(h: &History<'a>, r: &mut Report) -> HashMap<u64, &'a Run> {
+/// Exit statuses, explanations and JSON lines (check 4); returns runs by fencing token,
+/// and the slot each logged acquiring by fencing token.
+fn check_runs<'a>(h: &History<'a>, r: &mut Report) -> (HashMap<u64, &'a Run>, HashMap<u64, u64>) {
     let mut by_fence = HashMap::new();
+    let mut slots = HashMap::new();
     for run in h.runs {
         let log = parse_log(run, &mut r.failures);
         let code = run.code.unwrap_or(-1);
@@ -226,9 +287,52 @@ fn check_runs<'a>(h: &History<'a>, r: &mut Report) -> HashMap<u64, &'a Run> {
                 r.failures
                     .push(format!("fencing token {f} was handed to two lockruns"));
             }
+            if let Some(slot) = log.slot {
+                slots.insert(f, slot);
+            }
         }
     }
-    by_fence
+    (by_fence, slots)
+}
+
+/// Property 9's slots: every section ran on a slot in 0..N, the one its lockrun logged
+/// acquiring and the one the server's reply named (when it names one); the figures by
+/// slot.
+fn check_slots(
+    h: &History<'_>,
+    sections: &[&Section],
+    logged: &HashMap<u64, u64>,
+    acquires: &HashMap<u64, &Record>,
+    r: &mut Report,
+) {
+    for s in sections {
+        *r.by_slot.entry(s.slot).or_default() += 1;
+        if s.slot >= h.slots {
+            r.failures.push(format!(
+                "the section with token {} (lockrun {}) ran on slot {} of {}",
+                s.fence, s.lockrun_pid, s.slot, h.slots
+            ));
+        }
+        match logged.get(&s.fence) {
+            Some(&l) if l == u64::from(s.slot) => {}
+            Some(l) => r.failures.push(format!(
+                "the section with token {} got LOCKRUN_SLOT={} but its lockrun {} logged \
+                 acquiring slot {l}",
+                s.fence, s.slot, s.lockrun_pid
+            )),
+            // A token no lockrun logged is reported by the deadline check.
+            None => {}
+        }
+        let given = acquires.get(&s.fence).and_then(|a| a.slot());
+        if given.is_some_and(|g| g != s.slot) {
+            r.failures.push(format!(
+                "the section with token {} got LOCKRUN_SLOT={} but the server handed out \
+                 slot {given:?} with that token",
+                s.fence, s.slot
+            ));
+        }
+    }
+    r.most_inside = most_inside(&slot_spans(sections));
 }
 
 /// Property 5: fencing tokens strictly increase across acquisitions. Returns the
@@ -303,7 +407,24 @@ fn spans(sections: &[&Section]) -> Vec<Span> {
         .collect()
 }
 
-/// Checks 1 and 2: every overlap has a fault that explains it, on the stale side.
+/// The sections as the shared semaphore checker sees them.
+fn slot_spans(sections: &[&Section]) -> Vec<SlotSpan> {
+    sections
+        .iter()
+        .map(|s| SlotSpan {
+            token: s.fence,
+            slot: s.slot,
+            start: s.start,
+            end: s.until(),
+            // The soak checks the order of tokens by the tap's record instead.
+            asked: Duration::ZERO,
+        })
+        .collect()
+}
+
+/// Checks 1 and 2: every overlap on one slot (any overlap, of a plain lock), and every
+/// section that started while all the slots were taken, has a fault that explains it,
+/// on the stale side.
 fn check_overlaps(
     h: &History<'_>,
     sections: &[&Section],
@@ -322,100 +443,164 @@ fn check_overlaps(
             r.sections_in_safe_phases += 1;
         }
     }
-    for (a, b) in overlaps(&spans(&sorted)) {
-        explain_overlap(h, &risky, acquires, sorted[a], sorted[b], r);
+    let pairs = if h.slots == 1 {
+        overlaps(&spans(&sorted))
+    } else {
+        slot_overlaps(&slot_spans(&sorted))
+    };
+    for (a, b) in pairs {
+        let (a, b) = (sorted[a], sorted[b]);
+        if let Some(f) = explanation(&risky, acquires, a, b) {
+            *r.overlaps.entry(f.kind.name()).or_default() += 1;
+            continue;
+        }
+        let (stale, newer) = if a.fence < b.fence { (a, b) } else { (b, a) };
+        let on = if h.slots == 1 {
+            String::new()
+        } else {
+            format!(" on slot {}", a.slot)
+        };
+        r.failures.push(format!(
+            "critical sections overlapped{on} with no pause, clock jump or data loss to \
+             explain it: {}, {} (test clock); faults around then: {:?}",
+            ran(stale),
+            ran(newer),
+            faults_around(h, acquires, a, b),
+        ));
+    }
+    if h.slots == 1 {
+        return;
+    }
+    for (b, inside) in crowded(&slot_spans(&sorted), h.slots) {
+        let b = sorted[b];
+        let inside: Vec<&Section> = inside.iter().map(|&a| sorted[a]).collect();
+        if let Some(f) = inside
+            .iter()
+            .find_map(|a| explanation(&risky, acquires, a, b))
+        {
+            *r.crowds.entry(f.kind.name()).or_default() += 1;
+            continue;
+        }
+        let around: Vec<_> = inside
+            .iter()
+            .flat_map(|a| faults_around(h, acquires, a, b))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        r.failures.push(format!(
+            "{} sections were inside at once with {} slots, with no pause, clock jump or \
+             data loss to explain it: {} started while {} were inside (test clock); faults \
+             around then: {around:?}",
+            inside.len() + 1,
+            h.slots,
+            ran(b),
+            inside.iter().map(|a| ran(a)).collect::<Vec<_>>().join(", "),
+        ));
     }
 }
 
-/// Counts the overlap of `a` and `b` under the fault that explains it, or fails: a
-/// data loss, a clock jump or a pause of the stale holder's lockrun, from before the
-/// stale holder's acquisition to the start of the overlap.
-fn explain_overlap(
-    h: &History<'_>,
-    risky: &[&FaultEvent],
+/// A section for a failure line.
+fn ran(s: &Section) -> String {
+    format!(
+        "token {} (lockrun {}, slot {}) ran {}..{} ms",
+        s.fence,
+        s.lockrun_pid,
+        s.slot,
+        ms(s.start),
+        ms(s.until())
+    )
+}
+
+/// When the overlap of `a` and `b` may have been caused: from just before the stale
+/// holder's (the smaller token's) acquisition to the start of the overlap.
+fn overlap_window(
     acquires: &HashMap<u64, &Record>,
     a: &Section,
     b: &Section,
-    r: &mut Report,
-) {
-    let (stale, newer) = if a.fence < b.fence { (a, b) } else { (b, a) };
-    let overlap_start = a.start.max(b.start);
-    let window_from = acquires
+) -> (Duration, Duration) {
+    let stale = if a.fence < b.fence { a } else { b };
+    let from = acquires
         .get(&stale.fence)
         .map_or(stale.start, |x| x.sent)
         .saturating_sub(FAULT_SLOP);
-    let explains = |f: &&&FaultEvent| {
-        f.from <= overlap_start
-            && f.to >= window_from
-            && (f.kind != Fault::PauseLockrun || f.pid == Some(stale.lockrun_pid))
-    };
-    if let Some(f) = risky.iter().find(explains) {
-        *r.overlaps.entry(f.kind.name()).or_default() += 1;
-        return;
-    }
-    let around: Vec<_> = h
-        .faults
-        .iter()
-        .filter(|f| {
-            f.to + Duration::from_secs(5) >= window_from
-                && f.from <= overlap_start + Duration::from_secs(1)
-        })
-        .map(|f| {
-            (
-                f.kind.name(),
-                ms(f.from),
-                ms(f.to),
-                f.pid,
-                f.detail.as_str(),
-            )
-        })
-        .collect();
-    r.failures.push(format!(
-        "critical sections overlapped with no pause, clock jump or data loss to explain \
-         it: token {} (lockrun {}) ran {}..{} ms, token {} (lockrun {}) ran {}..{} ms \
-         (test clock); faults around then: {around:?}",
-        stale.fence,
-        stale.lockrun_pid,
-        ms(stale.start),
-        ms(stale.until()),
-        newer.fence,
-        newer.lockrun_pid,
-        ms(newer.start),
-        ms(newer.until()),
-    ));
+    (from, a.start.max(b.start))
 }
 
-/// The fenced store: accepted tokens never decrease, and every rejected write came from
-/// a section that a newer holder overlapped.
+/// The fault that explains why `a` and `b` overlapped: a data loss, a clock jump or a
+/// pause of the stale holder's lockrun, from before the stale holder's acquisition to
+/// the start of the overlap.
+fn explanation<'f>(
+    risky: &[&'f FaultEvent],
+    acquires: &HashMap<u64, &Record>,
+    a: &Section,
+    b: &Section,
+) -> Option<&'f FaultEvent> {
+    let stale = if a.fence < b.fence { a } else { b };
+    let (from, overlap_start) = overlap_window(acquires, a, b);
+    risky.iter().copied().find(|f| {
+        f.from <= overlap_start
+            && f.to >= from
+            && (f.kind != Fault::PauseLockrun || f.pid == Some(stale.lockrun_pid))
+    })
+}
+
+/// The faults around the overlap of `a` and `b`, for a failure line: (kind, from, to,
+/// pid, detail).
+fn faults_around(
+    h: &History<'_>,
+    acquires: &HashMap<u64, &Record>,
+    a: &Section,
+    b: &Section,
+) -> Vec<(&'static str, i64, i64, Option<i32>, String)> {
+    let (from, overlap_start) = overlap_window(acquires, a, b);
+    h.faults
+        .iter()
+        .filter(|f| {
+            f.to + Duration::from_secs(5) >= from
+                && f.from <= overlap_start + Duration::from_secs(1)
+        })
+        .map(|f| (f.kind.name(), ms(f.from), ms(f.to), f.pid, f.detail.clone()))
+        .collect()
+}
+
+/// The fenced store, one high watermark per slot: accepted tokens of a slot never
+/// decrease, and every rejected write came from a section that a newer holder of its
+/// slot overlapped. (A log line without a slot is of slot 0.)
 fn check_store(h: &History<'_>, sections: &[&Section], r: &mut Report) {
-    let mut high: Option<u64> = None;
+    let mut high: HashMap<u32, u64> = HashMap::new();
     for line in h.store_log {
         let f: Vec<&str> = line.split(' ').collect();
-        let (Some(ok), Some(fence)) = (f.first(), f.get(1).and_then(|t| t.parse::<u64>().ok()))
-        else {
+        let slot = f.get(2).map_or(Some(0), |s| s.parse::<u32>().ok());
+        let (Some(ok), Some(fence), Some(slot)) = (
+            f.first(),
+            f.get(1).and_then(|t| t.parse::<u64>().ok()),
+            slot,
+        ) else {
             r.failures.push(format!("bad store log line {line:?}"));
             continue;
         };
         if *ok == "1" {
             r.writes_accepted += 1;
-            if high.is_some_and(|hi| fence < hi) {
+            let hi = high.entry(slot).or_insert(fence);
+            if fence < *hi {
                 r.failures.push(format!(
-                    "the store accepted token {fence} after token {high:?}"
+                    "the store accepted token {fence} on slot {slot} after token {hi}"
                 ));
             }
-            high = Some(high.map_or(fence, |hi| hi.max(fence)));
+            *hi = fence.max(*hi);
         } else {
             r.stale_rejected += 1;
             let Some(s) = sections.iter().find(|s| s.fence == fence) else {
                 continue;
             };
-            let overlapped = sections
-                .iter()
-                .any(|o| o.fence > fence && o.start < s.until() && s.start < o.until());
+            let overlapped = sections.iter().any(|o| {
+                o.fence > fence && o.slot == s.slot && o.start < s.until() && s.start < o.until()
+            });
             if !overlapped {
                 r.failures.push(format!(
-                    "the store rejected a write of token {fence}, but no section with a larger \
-                     token ran at the same time: a later holder got a smaller token"
+                    "the store rejected a write of token {fence} on slot {slot}, but no section \
+                     of that slot with a larger token ran at the same time: a later holder got \
+                     a smaller token"
                 ));
             }
         }

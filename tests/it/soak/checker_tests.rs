@@ -1,5 +1,5 @@
-//! The soak's checker catches what it must: synthetic histories with one violation each;
-//! and the tap reads the frames it must.
+//! The soak's checker catches what it must: synthetic histories with one violation each,
+//! of a plain lock and of a semaphore of 3 slots; and the tap reads the frames it must.
 
 use std::time::Duration;
 
@@ -29,8 +29,14 @@ fn acquired(token: &str, fence: u64, sent: u64) -> tap::Record {
 
 /// A section of `fence` run by lockrun `pid` from `start` to `end` ms, writing once.
 fn section(fence: u64, pid: i32, start: u64, end: u64) -> report::Section {
+    slot_section(fence, 0, pid, start, end)
+}
+
+/// A section of `fence` on `slot`, run by lockrun `pid` from `start` to `end` ms.
+fn slot_section(fence: u64, slot: u32, pid: i32, start: u64, end: u64) -> report::Section {
     report::Section {
         fence,
+        slot,
         lockrun_pid: pid,
         pids: vec![pid + 1000],
         start: at(start),
@@ -44,8 +50,13 @@ fn section(fence: u64, pid: i32, start: u64, end: u64) -> report::Section {
 
 /// A lockrun `pid` that acquired `fence` and exited `code` at `ended` ms.
 fn lockrun_run_of(pid: i32, fence: u64, code: i32, ended: u64) -> Run {
+    holder_run(pid, fence, 0, code, ended)
+}
+
+/// A lockrun `pid` that acquired `fence` on `slot` and exited `code` at `ended` ms.
+fn holder_run(pid: i32, fence: u64, slot: u32, code: i32, ended: u64) -> Run {
     let mut stderr = format!(
-        r#"{{"ts":"t","level":"info","event":"acquired","lock":"soak","fencing_token":{fence}}}"#
+        r#"{{"ts":"t","level":"info","event":"acquired","lock":"soak","fencing_token":{fence},"slot":{slot}}}"#
     );
     if code == 124 {
         stderr
@@ -67,6 +78,17 @@ fn check_of(
     faults: &[FaultEvent],
     store_log: &[String],
 ) -> Report {
+    check_slots_of(1, records, sections, runs, faults, store_log)
+}
+
+fn check_slots_of(
+    slots: u32,
+    records: &[tap::Record],
+    sections: &[report::Section],
+    runs: &[Run],
+    faults: &[FaultEvent],
+    store_log: &[String],
+) -> Report {
     check::check(&check::History {
         sections,
         records,
@@ -74,6 +96,7 @@ fn check_of(
         runs,
         store_log,
         ttl: TTL,
+        slots,
     })
 }
 
@@ -226,6 +249,179 @@ fn checker_flags_statuses_spec_does_not_allow_and_unexplained_ones() {
         r.failures
             .iter()
             .any(|f| f.contains("without a \"lost\" line")),
+        "{:?}",
+        r.failures
+    );
+}
+
+/// A semaphore of 3 slots, as the soak's workers run it: (lock token, fencing token,
+/// slot, lockrun pid, acquire sent at, section from, to), in ms of the test clock.
+type Holder = (&'static str, u64, u32, i32, u64, u64, u64);
+
+/// Three holders side by side on slots 0, 1 and 2; slot 2 freed at 1400 and taken
+/// again at 1410, slot 0 freed at 1500 and taken again at 1510. Never more than 3
+/// inside, tokens in the order of the acquisitions.
+const GOOD: [Holder; 5] = [
+    ("a", 100, 0, 11, 1000, 1002, 1500),
+    ("b", 200, 1, 12, 1010, 1012, 1600),
+    ("c", 300, 2, 13, 1020, 1022, 1400),
+    ("d", 400, 2, 14, 1410, 1412, 1900),
+    ("e", 500, 0, 15, 1510, 1512, 2000),
+];
+
+/// Checks a semaphore of 3 slots whose history is `holders` (each exits 0 10 ms after
+/// its section ended), under `faults`, with `store_log`.
+fn check_semaphore(holders: &[Holder], faults: &[FaultEvent], store_log: &[&str]) -> Report {
+    let records: Vec<tap::Record> = holders.iter().map(|h| acquired(h.0, h.1, h.4)).collect();
+    let sections: Vec<report::Section> = holders
+        .iter()
+        .map(|h| slot_section(h.1, h.2, h.3, h.5, h.6))
+        .collect();
+    let runs: Vec<Run> = holders
+        .iter()
+        .map(|h| holder_run(h.3, h.1, h.2, 0, h.6 + 10))
+        .collect();
+    let log: Vec<String> = store_log.iter().map(|l| l.to_string()).collect();
+    check_slots_of(3, &records, &sections, &runs, faults, &log)
+}
+
+/// True when one of `r`'s failures contains `what`.
+fn fails_with(r: &Report, what: &str) -> bool {
+    r.failures.iter().any(|f| f.contains(what))
+}
+
+#[test]
+fn semaphore_checker_passes_a_good_history() {
+    // Writes of different slots interleave (a smaller token after a larger one on
+    // another slot): each slot is its own resource.
+    let log = [
+        "1 100 0", "1 200 1", "1 300 2", "1 400 2", "1 100 0", "1 200 1", "1 500 0",
+    ];
+    let r = check_semaphore(&GOOD, &[], &log);
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    assert_eq!(r.sections, 5);
+    assert_eq!(r.most_inside, 3);
+    assert_eq!(r.writes_accepted, 7);
+    let by_slot: Vec<(u32, usize)> = r.by_slot.into_iter().collect();
+    assert_eq!(by_slot, [(0, 2), (1, 1), (2, 2)]);
+}
+
+#[test]
+fn semaphore_checker_flags_four_inside_with_three_slots() {
+    // A fourth holder on slot 0 from 1032 to 1300, beside a, b and c.
+    let mut h = GOOD.to_vec();
+    h.insert(3, ("f", 350, 0, 16, 1030, 1032, 1300));
+    let r = check_semaphore(&h, &[], &[]);
+    assert!(
+        fails_with(&r, "4 sections were inside at once with 3 slots"),
+        "{:?}",
+        r.failures
+    );
+    assert!(fails_with(&r, "overlapped on slot 0"), "{:?}", r.failures);
+    assert_eq!(r.most_inside, 4);
+    // A FLUSHALL after a took its slot explains both: a's lease was gone.
+    let r = check_semaphore(&h, &[fault(Fault::Flushall, 1025, 1025, None)], &[]);
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    assert_eq!(r.crowds.get("flushall"), Some(&1));
+    assert_eq!(r.overlaps.get("flushall"), Some(&1));
+    // A freeze does not.
+    let r = check_semaphore(&h, &[fault(Fault::FreezeRedis, 1025, 1100, None)], &[]);
+    assert!(fails_with(&r, "4 sections were inside at once"));
+}
+
+#[test]
+fn semaphore_checker_flags_two_on_one_slot() {
+    // b takes slot 0 while a holds it: only 2 inside of 3, but on one slot.
+    let h = [
+        ("a", 100, 0, 11, 1000, 1002, 1500),
+        ("b", 200, 0, 12, 1100, 1102, 1600),
+    ];
+    let log = ["1 100 0", "1 200 0", "0 100 0"];
+    let r = check_semaphore(&h, &[], &log);
+    assert!(fails_with(&r, "overlapped on slot 0"), "{:?}", r.failures);
+    assert!(!fails_with(&r, "inside at once"), "{:?}", r.failures);
+    // Explained by a pause of the stale holder's lockrun, not of the newer one's; the
+    // stale write rejected on the slot is then counted.
+    let other = [fault(Fault::PauseLockrun, 1050, 1200, Some(12))];
+    assert!(fails_with(
+        &check_semaphore(&h, &other, &log),
+        "overlapped on slot 0"
+    ));
+    let own = [fault(Fault::PauseLockrun, 1050, 1200, Some(11))];
+    let r = check_semaphore(&h, &own, &log);
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    assert_eq!(r.overlaps.get("pause-lockrun"), Some(&1));
+    assert_eq!(r.stale_rejected, 1);
+}
+
+#[test]
+fn semaphore_checker_flags_a_slot_out_of_range_or_not_the_one_acquired() {
+    let mut h = GOOD;
+    h[1].2 = 3;
+    let r = check_semaphore(&h, &[], &[]);
+    assert!(fails_with(&r, "ran on slot 3 of 3"), "{:?}", r.failures);
+    // The command got another slot than the one its lockrun logged acquiring.
+    let records: Vec<tap::Record> = GOOD.iter().map(|h| acquired(h.0, h.1, h.4)).collect();
+    let sections: Vec<report::Section> = GOOD
+        .iter()
+        .map(|h| slot_section(h.1, h.2, h.3, h.5, h.6))
+        .collect();
+    let mut runs: Vec<Run> = GOOD
+        .iter()
+        .map(|h| holder_run(h.3, h.1, h.2, 0, h.6 + 10))
+        .collect();
+    runs[1] = holder_run(12, 200, 2, 0, 1610);
+    let r = check_slots_of(3, &records, &sections, &runs, &[], &[]);
+    assert!(
+        fails_with(
+            &r,
+            "LOCKRUN_SLOT=1 but its lockrun 12 logged acquiring slot 2"
+        ),
+        "{:?}",
+        r.failures
+    );
+    // Or than the one the server's reply named (`{1, fence, slot, free}`).
+    let mut records = records;
+    let with_slot = |fence: u64, slot: i64| {
+        Some(tap::Resp::Array(vec![
+            tap::Resp::Int(1),
+            tap::Resp::Text(fence.to_string()),
+            tap::Resp::Int(slot),
+            tap::Resp::Text("001".into()),
+        ]))
+    };
+    records[0].reply = with_slot(100, 0);
+    records[1].reply = with_slot(200, 2);
+    runs[1] = holder_run(12, 200, 1, 0, 1610);
+    let r = check_slots_of(3, &records, &sections, &runs, &[], &[]);
+    assert_eq!(
+        r.failures,
+        [
+            "the section with token 200 got LOCKRUN_SLOT=1 but the server handed out slot \
+          Some(2) with that token"
+        ]
+    );
+}
+
+#[test]
+fn semaphore_checker_flags_a_token_not_increasing() {
+    // b asked after a's acquisition was answered, and got a smaller token (on another
+    // slot: the order is over every slot).
+    let mut h = GOOD;
+    h[1].1 = 50;
+    let r = check_semaphore(&h, &[], &[]);
+    assert!(fails_with(&r, "went backwards"), "{:?}", r.failures);
+    // A token handed out twice, to holders of two slots.
+    let mut h = GOOD;
+    h[1].1 = 100;
+    let r = check_semaphore(&h, &[], &[]);
+    assert!(fails_with(&r, "handed out twice"), "{:?}", r.failures);
+    // A rejected write on slot 1 needs a newer holder of slot 1 beside it; one of
+    // another slot does not explain it.
+    let log = ["1 200 1", "1 300 2", "0 200 1"];
+    let r = check_semaphore(&GOOD, &[], &log);
+    assert!(
+        fails_with(&r, "no section of that slot with a larger token"),
         "{:?}",
         r.failures
     );

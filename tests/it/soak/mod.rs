@@ -4,16 +4,32 @@
 //! Every critical section writes to a fenced store and reports its own history; a
 //! checker (`check`) then verifies SPEC's safety properties and prints figures.
 //!
+//! Two phases, one test each, under the same nemesis (issue 17):
+//! - plain: 4 lockruns contend for a plain lock (properties 1 to 8);
+//! - semaphore: 6 lockruns contend for a lock of `--slots 3` (property 9: never more
+//!   than 3 inside, never two on one slot, properties 1 to 8 per holder). The fenced
+//!   store keeps one high watermark per slot: a single one would reject the writes of
+//!   holders that rightly run side by side (a smaller token writing after a larger one
+//!   on another slot), while one per slot is exactly a plain lock's fencing, per slot:
+//!   the successive holders of a slot never overlap and their tokens increase, so a
+//!   rejected write still proves a stale holder (see `check`).
+//!
 //! - `rig`: the servers, the tap, the workers, and collecting the history at the end;
 //! - `nemesis`: the faults; `report`: what sections, faults and lockruns report;
 //! - `tap`: the shared proxy recording lockrun's calls; `check`: the checker, itself
 //!   tested on synthetic histories in `checker_tests`.
 //!
-//! The default run is bounded (about a minute and a half) with a fixed seed, and runs
-//! alone. Longer or other runs, and the replay of a failing one (the seed is printed):
+//! The default run is bounded (40 s plain and 35 s semaphore, with their set-up about a
+//! minute and a half) with a fixed seed, and each phase runs alone. Each phase draws its
+//! own schedule from the seed (the plain one from the seed itself, the semaphore one
+//! from the seed mixed with a constant), so one seed replays both. Longer or other
+//! runs, and the replay of a failing one (the seed is printed; `LOCKRUN_SOAK_SECS` is
+//! the length of each phase):
 //!
 //! ```text
 //! LOCKRUN_SOAK_SEED=12345 LOCKRUN_SOAK_SECS=600 cargo test --test it -- --nocapture soak::
+//! LOCKRUN_SOAK_SEED=12345 LOCKRUN_SOAK_SECS=600 cargo test --test it -- --nocapture soak::nemesis_soak_keeps
+//! LOCKRUN_SOAK_SEED=12345 LOCKRUN_SOAK_SECS=600 cargo test --test it -- --nocapture soak::nemesis_soak_of_a_semaphore
 //! ```
 //!
 //! A replay repeats the schedule of faults and of the workers' choices, not the exact
@@ -41,9 +57,46 @@ const NAME: &str = "soak";
 /// The lease of every lockrun: short, so that faults often outlast it.
 const TTL: Duration = Duration::from_millis(1500);
 
-/// The default seed and length of the soak in the normal test suite.
+/// The default seed of the soak in the normal test suite.
 const DEFAULT_SEED: u64 = 20_250_301;
-const DEFAULT_SECS: u64 = 75;
+
+/// One phase of the soak: a plain lock or a semaphore, contended for by its workers
+/// under the nemesis.
+#[derive(Clone, Copy, Debug)]
+struct Phase {
+    /// Its name in the output.
+    name: &'static str,
+    /// `--slots` (1: a plain lock, and the option is not given).
+    slots: u32,
+    /// Contending lockruns.
+    workers: u64,
+    /// Its length in the normal test suite, in seconds.
+    default_secs: u64,
+    /// Mixed into the seed, so that the phase has a schedule of its own.
+    salt: u64,
+    /// A filter that runs its test alone, for the replay line.
+    filter: &'static str,
+}
+
+/// The plain phase: the soak of issue 3 (its schedule for a seed is the same as then).
+const PLAIN: Phase = Phase {
+    name: "plain",
+    slots: 1,
+    workers: 4,
+    default_secs: 40,
+    salt: 0,
+    filter: "soak::nemesis_soak_keeps",
+};
+
+/// The semaphore phase (issue 17).
+const SEMAPHORE: Phase = Phase {
+    name: "semaphore",
+    slots: 3,
+    workers: 6,
+    default_secs: 35,
+    salt: 0x5E3A_7048_E5E3_A704,
+    filter: "soak::nemesis_soak_of_a_semaphore",
+};
 
 /// xorshift64*: small, seeded, good enough to pick faults.
 struct Rng(u64);
@@ -87,24 +140,38 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 #[test]
 fn nemesis_soak_keeps_the_safety_properties() {
+    soak_phase(PLAIN);
+}
+
+#[test]
+fn nemesis_soak_of_a_semaphore_keeps_the_safety_properties() {
+    soak_phase(SEMAPHORE);
+}
+
+/// Runs `phase` alone, prints its figures, and fails on any violation found.
+fn soak_phase(phase: Phase) {
     alone();
     let seed = env_u64("LOCKRUN_SOAK_SEED", DEFAULT_SEED);
-    let secs = env_u64("LOCKRUN_SOAK_SECS", DEFAULT_SECS);
+    let secs = env_u64("LOCKRUN_SOAK_SECS", phase.default_secs);
     let replay = format!(
         "replay: LOCKRUN_SOAK_SEED={seed} LOCKRUN_SOAK_SECS={secs} cargo test --test it -- \
-         --nocapture soak::nemesis_soak"
+         --nocapture {}",
+        phase.filter
     );
-    eprintln!("soak: seed={seed} secs={secs} ({replay})");
-    let (report, freed_after) = rig::soak(seed, secs);
+    let name = phase.name;
+    eprintln!("soak {name}: seed={seed} secs={secs} ({replay})");
+    let (report, freed_after) = rig::soak(phase, seed ^ phase.salt, secs);
     eprintln!(
-        "soak: seed={seed} secs={secs} {} | lock free {} ms after the last holder ended",
+        "soak {name}: seed={seed} secs={secs} workers={} {} | lock free {} ms after the last \
+         holder ended",
+        phase.workers,
         report.summary(),
         freed_after.as_millis()
     );
     if !report.failures.is_empty() {
         let shown: Vec<&String> = report.failures.iter().take(15).collect();
         panic!(
-            "the soak found {} violation(s) (seed {seed}; {replay}):\n- {}",
+            "the {name} soak found {} violation(s) (seed {seed}; {replay}):\n- {}",
             report.failures.len(),
             shown
                 .iter()
@@ -117,6 +184,13 @@ fn nemesis_soak_keeps_the_safety_properties() {
         report.sections as u64 >= secs / 3,
         "only {} critical sections ran: the soak proved little",
         report.sections
+    );
+    // A semaphore that let one in at a time would pass every check above.
+    assert!(
+        report.most_inside >= phase.slots as usize,
+        "never more than {} inside at once with {} slots: the soak proved little",
+        report.most_inside,
+        phase.slots
     );
 }
 

@@ -151,16 +151,21 @@ impl Rig {
         format!("{d:?}, {held} connection(s) held")
     }
 
-    /// SIGSTOP of a lockrun, mostly the holder (the interesting case), else anyone, and
-    /// SIGCONT after a while. Returns its pid and a few words for the report, or `None`
-    /// when no lockrun runs.
+    /// SIGSTOP of a lockrun, mostly the holder (the interesting case; of a semaphore,
+    /// the holder of a slot drawn at random), else anyone, and SIGCONT after a while.
+    /// Returns its pid and a few words for the report, or `None` when no lockrun runs.
     fn pause_lockrun(&self, rng: &mut Rng) -> Option<(i32, String)> {
         let d = rng.ms(300, 4000);
+        // (A plain lock draws nothing more: its schedule for a seed stays as it was.)
+        let slot = match self.slots {
+            1 => 0,
+            n => rng.below(u64::from(n)) as u32,
+        };
         let holder: Option<i32> = self
             .redis
             .lock()
             .unwrap()
-            .hget(&lock_key(NAME), "pid")
+            .hget(&slot_key(NAME, slot), "pid")
             .and_then(|p| p.parse().ok());
         let victim = {
             let live = self.live.lock().unwrap();

@@ -18,6 +18,8 @@ use crate::support::boottime;
 pub struct Section {
     /// The fencing token it was given.
     pub fence: u64,
+    /// The slot it was given (`LOCKRUN_SLOT`; 0 of a plain lock).
+    pub slot: u32,
     /// Its lockrun's pid.
     pub lockrun_pid: i32,
     /// Its own pid, and its child's if it started one.
@@ -119,11 +121,16 @@ fn take(s: &mut Section, line: &str) {
     let f: Vec<&str> = line.split(' ').collect();
     let seen = |s: &mut Section, t: Duration| s.last_seen = s.last_seen.max(t);
     match f.as_slice() {
-        ["S", fence, lockrun, pid, t] => {
-            if let (Ok(fence), Ok(lr), Ok(pid), Some(t)) =
-                (fence.parse(), lockrun.parse(), pid.parse(), ns(t))
-            {
+        ["S", fence, lockrun, pid, t, slot] => {
+            if let (Ok(fence), Ok(lr), Ok(pid), Some(t), Ok(slot)) = (
+                fence.parse(),
+                lockrun.parse(),
+                pid.parse(),
+                ns(t),
+                slot.parse(),
+            ) {
                 s.fence = fence;
+                s.slot = slot;
                 s.lockrun_pid = lr;
                 s.pids.push(pid);
                 s.start = t;
@@ -276,7 +283,7 @@ pub fn describe(h: &History<'_>) -> String {
         let (kind, from, to) = (f.kind.name(), ms(f.from), ms(f.to));
         out += &format!("{kind} {from} {to} {:?} {}\n", f.pid, f.detail);
     }
-    out += "\n# sections: fence lockrun start until gone writes(t:ok)\n";
+    out += "\n# sections: fence slot lockrun start until gone writes(t:ok)\n";
     let mut sections: Vec<_> = h.sections.iter().collect();
     sections.sort_by_key(|s| s.start);
     for s in sections {
@@ -287,8 +294,9 @@ pub fn describe(h: &History<'_>) -> String {
             .collect();
         let (start, until, gone) = (ms(s.start), ms(s.until()), s.gone.map(ms));
         out += &format!(
-            "{} {} {start} {until} {gone:?} {}\n",
+            "{} {} {} {start} {until} {gone:?} {}\n",
             s.fence,
+            s.slot,
             s.lockrun_pid,
             writes.join(",")
         );

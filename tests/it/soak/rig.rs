@@ -1,6 +1,7 @@
 //! The soak's rig: the lock's `redis-server` on a fake clock behind the recording tap,
 //! the fenced store, the listener the critical sections report to, and the workers that
-//! run lockrun after lockrun; then, at the end, everything the checker needs.
+//! run lockrun after lockrun (with the phase's `--slots`); then, at the end, everything
+//! the checker needs.
 
 use std::fs;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,15 +14,16 @@ use nix::sys::signal::Signal;
 use super::check::{self, History, Report};
 use super::report::{describe, FaultEvent, Listener, Run};
 use super::tap::Tap;
-use super::{Rng, NAME, TTL};
+use super::{Phase, Rng, NAME, TTL};
 use crate::support::*;
 
 /// The critical section, run by lockrun as `perl -e`.
 const SECTION: &str = include_str!("section.pl");
 
 /// The fenced store's compare-and-set: a write is accepted only if its token is at
-/// least the highest accepted so far (compared as decimal strings: exact for any u64).
-/// Every write, accepted or not, is logged in the order the store took it.
+/// least the highest accepted so far on its key (compared as decimal strings: exact for
+/// any u64); sections write to the key of their slot. Every write, accepted or not, is
+/// logged in the order the store took it.
 const STORE_CAS: &str = r#"
 local t = ARGV[1]
 local hi = redis.call('GET', KEYS[1])
@@ -31,15 +33,14 @@ redis.call('RPUSH', KEYS[2], (ok and '1' or '0') .. ' ' .. ARGV[2])
 if ok then return 1 else return 0 end
 "#;
 
-/// Contending lockruns.
-const WORKERS: u64 = 4;
-
 /// A lockrun that has not ended after this long is hung (a bug): it is killed and
 /// reported. Far above `--wait` plus the longest section and fault.
 const HUNG_AFTER: Duration = Duration::from_secs(60);
 
 /// What the soak shares between the nemesis and the workers.
 pub(super) struct Rig {
+    /// The phase's `--slots`.
+    pub(super) slots: u32,
     pub(super) clock: FakeClock,
     pub(super) redis: Mutex<RedisServer>,
     store: RedisServer,
@@ -55,14 +56,14 @@ pub(super) struct Rig {
     stop: AtomicBool,
 }
 
-/// Runs the soak for `secs` with `seed`; returns the checker's report (with the
-/// failures found at the end: processes left, lock not freed) and how long after the
+/// Runs `phase` of the soak for `secs` with `seed`; returns the checker's report (with
+/// the failures found at the end: processes left, lock not freed) and how long after the
 /// last holder the lock was free.
-pub(super) fn soak(seed: u64, secs: u64) -> (Report, Duration) {
-    let rig = Rig::new();
+pub(super) fn soak(phase: Phase, seed: u64, secs: u64) -> (Report, Duration) {
+    let rig = Rig::new(phase.slots);
     let until = Instant::now() + Duration::from_secs(secs);
     thread::scope(|scope| {
-        for w in 0..WORKERS {
+        for w in 0..phase.workers {
             let r = Rng::new(seed.wrapping_add(w + 1).wrapping_mul(0x1000_0000_01B3));
             let rig = &rig;
             scope.spawn(move || rig.worker(r));
@@ -77,13 +78,14 @@ pub(super) fn soak(seed: u64, secs: u64) -> (Report, Duration) {
 }
 
 impl Rig {
-    fn new() -> Rig {
+    fn new(slots: u32) -> Rig {
         let clock = FakeClock::new();
         let redis = RedisServer::with_env(&clock.env());
         let store = RedisServer::start();
         let sha: String = store.query(redis::cmd("SCRIPT").arg("LOAD").arg(STORE_CAS));
         let tap = Tap::start(redis.port());
         Rig {
+            slots,
             clock,
             redis: Mutex::new(redis),
             store,
@@ -129,7 +131,8 @@ impl Rig {
             8..=16 => rng.ms(150, 1200),
             _ => rng.ms(1500, 3500),
         };
-        let opts = [
+        let slots = self.slots.to_string();
+        let mut opts = vec![
             "--ttl",
             "1500ms",
             "--wait",
@@ -138,6 +141,9 @@ impl Rig {
             "--log-format",
             "json",
         ];
+        if self.slots > 1 {
+            opts.extend(["--slots", &slots]);
+        }
         let mut cmd = lockrun_run(&self.tap.url(), NAME, &opts, &["perl", "-e", SECTION]);
         cmd.env("SOAK_HARNESS", self.listener.port().to_string())
             .env("SOAK_STORE", self.store.port().to_string())
@@ -175,8 +181,8 @@ impl Rig {
         }
     }
 
-    /// Check 4, at the end: nothing left running, and the lock freed within a TTL of the
-    /// last holder's end (or of the last fault's healing, whichever is later: a request
+    /// Check 4, at the end: nothing left running, and the lock (every slot) freed within
+    /// a TTL of the last holder's end (or of the last fault's healing, whichever is later: a request
     /// held back by a partition may land then). Returns the failures and how long after
     /// that the lock was free.
     fn end_failures(&self) -> (Vec<String>, Duration) {
@@ -194,7 +200,7 @@ impl Rig {
         let free_at = {
             let redis = self.redis.lock().unwrap();
             let start = Instant::now();
-            while redis.lock_held(NAME) && start.elapsed() < TTL * 4 {
+            while self.held(&redis) && start.elapsed() < TTL * 4 {
                 thread::sleep(Duration::from_millis(5));
             }
             boottime()
@@ -206,6 +212,12 @@ impl Rig {
             ));
         }
         (failures, freed_after)
+    }
+
+    /// True while any slot of the lock is held (its key exists; slot 0's is the plain
+    /// lock's).
+    fn held(&self, redis: &RedisServer) -> bool {
+        (0..self.slots).any(|i| redis.exists(&slot_key(NAME, i)))
     }
 
     /// Processes of this soak (by their SOAK_RUN variable) that still exist.
@@ -250,6 +262,7 @@ impl Rig {
             runs: &runs,
             store_log: &store_log,
             ttl: TTL,
+            slots: self.slots,
         };
         let report = check::check(&history);
         let dump = std::env::var("LOCKRUN_SOAK_DUMP").ok().or_else(|| {

@@ -1,13 +1,14 @@
 # The critical section of the soak: run by lockrun as `perl -e`, with the fencing token
-# in LOCKRUN_FENCING_TOKEN. It reports to the test's history listener (SOAK_HARNESS, a
-# TCP port) and writes to the fenced store (SOAK_STORE, a redis-server of its own, with
-# the compare-and-set script SOAK_SHA). Every instant is CLOCK_BOOTTIME in ns, the clock
-# the test and lockrun use. Lines sent:
-#   S <fencing token> <lockrun pid> <pid> <t>   started
-#   W <t> <1 accepted|0 rejected> <seq>         a store write, sent at t
-#   H <t>                                       still running at t (every 10 ms)
-#   C <pid>                                     started a child that outlives it
-#   E <t>                                       ended normally
+# in LOCKRUN_FENCING_TOKEN and its slot in LOCKRUN_SLOT. It reports to the test's history
+# listener (SOAK_HARNESS, a TCP port) and writes to the fenced store (SOAK_STORE, a
+# redis-server of its own, with the compare-and-set script SOAK_SHA), to the resource of
+# its slot (the store keeps one high watermark per slot). Every instant is CLOCK_BOOTTIME
+# in ns, the clock the test and lockrun use. Lines sent:
+#   S <fencing token> <lockrun pid> <pid> <t> <slot>   started
+#   W <t> <1 accepted|0 rejected> <seq>                a store write, sent at t
+#   H <t>                                              still running at t (every 10 ms)
+#   C <pid>                                            started a child that outlives it
+#   E <t>                                              ended normally
 # The listener sees EOF when the last process holding the socket (this one or its child)
 # is gone: that is when the section's process group died.
 use strict;
@@ -18,12 +19,14 @@ use Time::HiRes qw(clock_gettime CLOCK_BOOTTIME);
 sub now { sprintf("%.0f", clock_gettime(CLOCK_BOOTTIME) * 1e9) }
 my $t0 = now();
 my $tok = $ENV{LOCKRUN_FENCING_TOKEN};
+# Not a number without LOCKRUN_SLOT: the test then finds the S line garbled.
+my $slot = $ENV{LOCKRUN_SLOT} // 'none';
 $SIG{TERM} = $ENV{SOAK_TERM} eq 'ignore' ? 'IGNORE' : 'DEFAULT';
 $SIG{__WARN__} = sub { };
 my $h = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$ENV{SOAK_HARNESS}", Proto => 'tcp')
   or exit 90;
 sub report { syswrite($h, "$_[0]\n") }
-report("S $tok " . getppid() . " $$ $t0");
+report("S $tok " . getppid() . " $$ $t0 $slot");
 my $st = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$ENV{SOAK_STORE}", Proto => 'tcp')
   or exit 91;
 $st->autoflush(1);
@@ -36,7 +39,7 @@ sub resp {
 my $seq = 0;
 sub store_write {
   my $t = now();
-  print $st resp("EVALSHA", $ENV{SOAK_SHA}, 2, "high", "log", $tok, "$tok $$ $seq $t");
+  print $st resp("EVALSHA", $ENV{SOAK_SHA}, 2, "high:$slot", "log", $tok, "$tok $slot $$ $seq $t");
   my $line = <$st>;
   exit 92 unless defined $line;
   report("W $t " . ($line =~ /^:1/ ? 1 : 0) . " $seq");

@@ -16,6 +16,8 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lockrun::backend::redis::script_source;
+
 use crate::support::{Proxy, Watch, Watcher};
 
 /// A RESP value, as much of it as the checker needs.
@@ -114,15 +116,16 @@ fn parse_aggregate(buf: &[u8], kind: u8, head: &str, after: usize) -> Option<(Re
     Some((Resp::Array(items), kind == b'>', at))
 }
 
-/// Which lockrun script an `EVAL` ran, told by its numbers of keys and arguments (see
-/// the Redis backend's scripts).
+/// Which lockrun script an `EVAL` ran, told by its source (the exact text lockrun
+/// sends, from the library: its keys and arguments change with `--slots`, its source
+/// does not). ARGV[1] of the three named here is lockrun's lock token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Call {
-    /// KEYS lock, fence, queue, alive; ARGV token, ttl, host, pid, waiter, alive_ms.
+    /// Take the lock (a slot of a semaphore), or queue as a waiter.
     Acquire,
-    /// KEYS lock; ARGV token, ttl.
+    /// Extend the lease.
     Renew,
-    /// KEYS lock, queue, alive; ARGV token, keep, prefix.
+    /// Free the lock (the holder's slot).
     Release,
     /// Anything else (leave the queue, inspect, ...).
     Other,
@@ -157,6 +160,20 @@ impl Record {
         }
     }
 
+    /// For a successful acquire whose reply names the slot taken (`{1, fence, slot,
+    /// ...}`): that slot.
+    pub fn slot(&self) -> Option<u32> {
+        match (&self.call, &self.reply) {
+            (Call::Acquire, Some(Resp::Array(a))) if a.first() == Some(&Resp::Int(1)) => {
+                match a.get(2)? {
+                    Resp::Int(i) => u32::try_from(*i).ok(),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    }
+
     /// True for an acquire that took the lock or a renewal that extended it.
     pub fn succeeded(&self) -> bool {
         match self.call {
@@ -168,7 +185,7 @@ impl Record {
 }
 
 impl Call {
-    /// The name the proxy holds requests by.
+    /// The name the proxy holds requests by, and the script's own name.
     fn name(self) -> &'static str {
         match self {
             Call::Acquire => "acquire",
@@ -334,14 +351,13 @@ fn classify(frame: Resp, sent: Duration) -> Pending {
         .unwrap_or_default();
     let subscribe = name.ends_with("SUBSCRIBE");
     let call = (name == "EVAL").then(|| {
+        let source = words.get(1).map_or("", String::as_str);
+        let call = [Call::Acquire, Call::Renew, Call::Release]
+            .into_iter()
+            .find(|c| script_source(c.name()) == Some(source))
+            .unwrap_or(Call::Other);
         let nkeys: usize = words.get(2).and_then(|n| n.parse().ok()).unwrap_or(0);
         let argv = words.get(3 + nkeys..).unwrap_or(&[]);
-        let call = match (nkeys, argv.len()) {
-            (4, 6) => Call::Acquire,
-            (1, 2) => Call::Renew,
-            (3, 3) => Call::Release,
-            _ => Call::Other,
-        };
         (call, argv.first().cloned().unwrap_or_default())
     });
     Pending {

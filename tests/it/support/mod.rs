@@ -38,11 +38,14 @@ use std::time::Duration;
 pub use backends::{Backend, FileService, Postgres, Quorum, SentinelService, Service};
 pub use clock::{boottime, FakeClock};
 pub use etcd::{etcd_key, EtcdServer};
-pub use history::{overlaps, reused_tokens, Sections, Span};
+pub use history::{
+    crowded, most_inside, overlaps, reused_tokens, slot_overlaps, Sections, SlotSections, SlotSpan,
+    Span,
+};
 pub use pg::{Db, PrivatePg, Table};
 pub use process::*;
 pub use proxy::{Mode, Proxy, Watch, Watcher};
-pub use redis::{fence_key, lock_key, waiter_key, RedisServer};
+pub use redis::{fence_key, limit_key, lock_key, slot_key, waiter_key, RedisServer};
 pub use scratch::{wait_line, wait_pid, Scratch};
 pub use sentinel::Sentinel;
 pub use serial::alone;

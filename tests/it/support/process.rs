@@ -313,6 +313,14 @@ impl Running {
         self.finished.clone()
     }
 
+    /// What it wrote on stderr so far (while it runs: to wait for a log line).
+    pub fn stderr_so_far(&mut self) -> String {
+        match &self.finished {
+            Some(f) => f.stderr.clone(),
+            None => read_all(&mut self.err),
+        }
+    }
+
     /// True while it has not ended.
     pub fn is_running(&mut self) -> bool {
         self.try_finish().is_none()

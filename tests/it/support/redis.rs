@@ -277,6 +277,20 @@ impl RedisServer {
         let _: String = self.query(&cmd);
     }
 
+    /// Writes a holder into slot key `key` as a lockrun of `--slots slots` would (with
+    /// `slots` 1, no `slots` field: a plain lock), with `token` and `ttl_ms` left.
+    pub fn write_holder(&self, key: &str, token: &str, slots: u32, ttl_ms: u64) {
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(key).arg(&[
+            "token", token, "fence", "5", "host", "h", "pid", "7", "since_ms", "1",
+        ]);
+        if slots > 1 {
+            cmd.arg("slots").arg(slots);
+        }
+        let _: i64 = self.query(&cmd);
+        let _: i64 = self.query(redis::cmd("PEXPIRE").arg(key).arg(ttl_ms));
+    }
+
     /// True when the lock `name` (default key prefix) is held.
     pub fn lock_held(&self, name: &str) -> bool {
         self.exists(&lock_key(name))
@@ -305,6 +319,20 @@ pub fn lockrun_script(name: &str) -> String {
 /// The key of `what` (`waiters`, `alive`) of lock `name` with the default prefix.
 pub fn waiter_key(name: &str, what: &str) -> String {
     format!("lockrun:{{{name}}}:{what}")
+}
+
+/// The key of slot `i` of semaphore `name` with the default prefix: the lock's key for
+/// slot 0, `lockrun:{name}#i` for the others.
+pub fn slot_key(name: &str, i: u32) -> String {
+    match i {
+        0 => lock_key(name),
+        i => format!("lockrun:{{{name}}}#{i}"),
+    }
+}
+
+/// The limit key of `name` with the default prefix: the N of its semaphore's holders.
+pub fn limit_key(name: &str) -> String {
+    format!("lockrun:{{{name}}}:slots")
 }
 
 /// The fencing counter's key for `name` with the default prefix.

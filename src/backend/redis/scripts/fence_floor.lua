@@ -1,4 +1,4 @@
--- KEYS: fence, lock. ARGV: fencing token, owner token.
+-- KEYS: fence, the slot taken. ARGV: fencing token, owner token.
 -- Redlock: raise this server's counter to the token the quorum handed out, and record
 -- it on our lock entry, so every majority afterwards answers with a larger one. The
 -- counter is written with its expiry in the same command (see acquire.lua).

@@ -1,17 +1,24 @@
--- Prepended to the scripts that free a lock: wake the longest-waiting live waiter,
--- and only it (no thundering herd). Waiters whose heartbeat ran out are dropped.
-local function wake_one(queue, alive, prefix)
+-- Prepended to the scripts that free a slot: wake the `count` longest-waiting live
+-- waiters not woken yet, and only them (no thundering herd: one per slot freed). A
+-- woken waiter is marked (`w:ID` in the alive hash) until it tries again, so that a
+-- second slot freed meanwhile wakes the next one, not the same one again. Waiters
+-- whose heartbeat ran out are dropped.
+local function wake(queue, alive, prefix, count)
   local t = redis.call('TIME')
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  for _ = 1, 16 do
-    local head = redis.call('ZRANGE', queue, 0, 0)
-    if #head == 0 then return end
-    local until_ms = tonumber(redis.call('HGET', alive, head[1]) or '0') or 0
-    if until_ms >= now_ms then
-      redis.call('PUBLISH', prefix .. head[1], 'released')
-      return
+  local dropped = 0
+  for _, id in ipairs(redis.call('ZRANGE', queue, 0, count + 31)) do
+    local until_ms = tonumber(redis.call('HGET', alive, id) or '0') or 0
+    if until_ms < now_ms then
+      redis.call('ZREM', queue, id)
+      redis.call('HDEL', alive, id, 'w:' .. id)
+      dropped = dropped + 1
+      if dropped >= 16 then return end
+    elseif redis.call('HEXISTS', alive, 'w:' .. id) == 0 then
+      redis.call('PUBLISH', prefix .. id, 'released')
+      redis.call('HSET', alive, 'w:' .. id, '1')
+      count = count - 1
+      if count == 0 then return end
     end
-    redis.call('ZREM', queue, head[1])
-    redis.call('HDEL', alive, head[1])
   end
 end

@@ -1,0 +1,368 @@
+//! The Redis scripts' replies parsed into types. Part of [`super`]; the scripts are in
+//! `scripts.rs`.
+//!
+//! A reply that does not parse is an error ([`BadReply`]), never a default: a fencing
+//! token of 0, a slot out of range or a holder made up of empty fields must not reach
+//! the command or `status`.
+
+use std::time::Duration;
+
+use redis::{FromRedisValue, ParsingError, Value};
+
+use super::scripts::Script;
+use crate::backend::{Holder, MAX_LEASE, MAX_SLOTS};
+
+/// A reply that is not what the script returns: an old or foreign script, a proxy that
+/// mangles replies, a key that is not lockrun's.
+#[derive(Debug, PartialEq, Eq)]
+pub struct BadReply(pub String);
+
+fn bad(what: &str, v: &Value) -> ParsingError {
+    format!("{what}: got {v:?}").into()
+}
+
+/// The acquire script's answer: `{1, fence, slot, free}`,
+/// `{0, host, pid, since_ms, fence, pttl, slot, slots}` or `{2, theirs}`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcquireReply {
+    /// Ours.
+    Acquired {
+        /// The fencing token (never 0).
+        fencing_token: u64,
+        /// The slot taken.
+        slot: u32,
+        /// Which slots were free when it was taken (the one taken included): Redlock
+        /// picks from these a slot free on a majority.
+        free: Vec<bool>,
+    },
+    /// Every slot (or the one asked for) is held: the holder to wait for.
+    Busy(Holder),
+    /// A live holder was taken with this other N of `--slots`; nothing was written.
+    Conflict(u32),
+}
+
+impl FromRedisValue for AcquireReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let Value::Array(items) = &v else {
+            return Err(bad("not an array", &v));
+        };
+        match items.split_first() {
+            Some((Value::Int(1), [fence, slot, free])) => Ok(AcquireReply::Acquired {
+                fencing_token: fencing_token(fence)?,
+                slot: slot_number(slot)?,
+                free: free_map(free)?,
+            }),
+            Some((Value::Int(0), rest)) => Ok(AcquireReply::Busy(holder(rest)?)),
+            Some((Value::Int(2), [theirs])) => Ok(AcquireReply::Conflict(slot_count(theirs)?)),
+            _ => Err(bad(
+                "neither {1, fence, slot, free}, {0, holder} nor {2, slots}",
+                &v,
+            )),
+        }
+    }
+}
+
+/// A holder as the inspect and force scripts give it, with its owner token: Redlock
+/// counts the servers that hold one slot with one token. The token never leaves the
+/// backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotHolder {
+    /// Who, in which slot, with how long left.
+    pub holder: Holder,
+    /// The owner's token.
+    pub token: String,
+}
+
+/// The inspect and force scripts' answer: `{theirs, holder...}`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HoldersReply {
+    /// The N of `--slots` the name's semaphore holders were taken with, when it is not
+    /// the one asked with (0 otherwise). For force, nothing was deleted then.
+    pub theirs: u32,
+    /// Every live holder, by slot.
+    pub holders: Vec<SlotHolder>,
+}
+
+impl FromRedisValue for HoldersReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let Value::Array(items) = &v else {
+            return Err(bad("not an array", &v));
+        };
+        let Some((theirs, rest)) = items.split_first() else {
+            return Err(bad("an empty answer", &v));
+        };
+        let theirs = match number(theirs)? {
+            0 => 0,
+            _ => slot_count(theirs)?,
+        };
+        let holders = rest
+            .iter()
+            .map(|h| match h {
+                Value::Array(fields) => match fields.split_last() {
+                    Some((token, fields)) => Ok(SlotHolder {
+                        holder: holder(fields)?,
+                        token: text(token)?,
+                    }),
+                    None => Err(bad("an empty holder", h)),
+                },
+                other => Err(bad("a holder that is not an array", other)),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(HoldersReply { theirs, holders })
+    }
+}
+
+/// The renew and release scripts' answer: 1 done, 0 not ours.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Done(pub bool);
+
+impl FromRedisValue for Done {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        match v {
+            Value::Int(1) => Ok(Done(true)),
+            Value::Int(0) => Ok(Done(false)),
+            other => Err(bad("neither 1 nor 0", &other)),
+        }
+    }
+}
+
+/// Parses `value` as `T`, naming `script` when it does not parse.
+pub fn parse<T: FromRedisValue>(script: Script, value: Value) -> Result<T, BadReply> {
+    T::from_redis_value(value).map_err(|e| {
+        BadReply(format!(
+            "an unexpected answer to the {} script ({e})",
+            script.name()
+        ))
+    })
+}
+
+fn number(v: &Value) -> Result<u64, ParsingError> {
+    match v {
+        Value::Int(i) => u64::try_from(*i).map_err(|_| bad("a negative number", v)),
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad("not a number", v)),
+        Value::SimpleString(s) => s.parse().map_err(|_| bad("not a number", v)),
+        _ => Err(bad("not a number", v)),
+    }
+}
+
+fn fencing_token(v: &Value) -> Result<u64, ParsingError> {
+    match number(v)? {
+        0 => Err(bad("a fencing token of 0", v)),
+        n => Ok(n),
+    }
+}
+
+/// A slot, 0 to [`MAX_SLOTS`] - 1.
+fn slot_number(v: &Value) -> Result<u32, ParsingError> {
+    u32::try_from(number(v)?)
+        .ok()
+        .filter(|&s| s < MAX_SLOTS)
+        .ok_or_else(|| bad("a slot out of range", v))
+}
+
+/// An N of `--slots`, 1 to [`MAX_SLOTS`].
+fn slot_count(v: &Value) -> Result<u32, ParsingError> {
+    u32::try_from(number(v)?)
+        .ok()
+        .filter(|n| (1..=MAX_SLOTS).contains(n))
+        .ok_or_else(|| bad("a number of slots out of range", v))
+}
+
+/// `'1'` where a slot was free, `'0'` where it was held, one character per slot.
+fn free_map(v: &Value) -> Result<Vec<bool>, ParsingError> {
+    let map = text(v)?;
+    if map.is_empty() || map.len() > MAX_SLOTS as usize {
+        return Err(bad("a map of free slots of the wrong length", v));
+    }
+    map.chars()
+        .map(|c| match c {
+            '1' => Ok(true),
+            '0' => Ok(false),
+            _ => Err(bad("a map of free slots that is not 0s and 1s", v)),
+        })
+        .collect()
+}
+
+fn text(v: &Value) -> Result<String, ParsingError> {
+    match v {
+        Value::BulkString(b) => Ok(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Ok(s.clone()),
+        _ => Err(bad("not a string", v)),
+    }
+}
+
+/// Parses `{host, pid, since_ms, fence, pttl, slot, slots}`. A lock written by lockrun
+/// has every field; `pid` may be missing (`'0'`) only for a hash written by hand, and
+/// `slots` is 1 for a plain lock's.
+fn holder(fields: &[Value]) -> Result<Holder, ParsingError> {
+    let [host, pid, since, fence, pttl, slot, slots] = fields else {
+        return Err(format!("a holder of {} fields instead of 7", fields.len()).into());
+    };
+    // -1: a key without expiry, which the scripts replace by MAX_LEASE (and give that
+    // expiry); should one still come, it is treated alike.
+    let ttl_left = match pttl {
+        Value::Int(-1) => MAX_LEASE.as_millis() as u64,
+        other => number(other)?,
+    };
+    Ok(Holder {
+        host: text(host)?,
+        pid: u32::try_from(number(pid)?).map_err(|_| bad("a pid out of range", pid))?,
+        since_ms: number(since)?,
+        fencing_token: number(fence)?,
+        ttl_left: Duration::from_millis(ttl_left),
+        slot: slot_number(slot)?,
+        slots: slot_count(slots)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn busy(slot: i64, slots: i64) -> Value {
+        Value::Array(vec![
+            Value::Int(0),
+            bulk("host1"),
+            bulk("42"),
+            bulk("1700000000000"),
+            bulk("1700000000000123"),
+            Value::Int(2500),
+            Value::Int(slot),
+            Value::Int(slots),
+        ])
+    }
+
+    #[test]
+    fn acquire_replies_parse() {
+        let ok = Value::Array(vec![
+            Value::Int(1),
+            bulk("1700000000000123"),
+            Value::Int(2),
+            bulk("001"),
+        ]);
+        assert_eq!(
+            parse::<AcquireReply>(Script::Acquire, ok),
+            Ok(AcquireReply::Acquired {
+                fencing_token: 1_700_000_000_000_123,
+                slot: 2,
+                free: vec![false, false, true],
+            })
+        );
+        let Ok(AcquireReply::Busy(h)) = parse::<AcquireReply>(Script::Acquire, busy(1, 3)) else {
+            panic!()
+        };
+        assert_eq!((h.host.as_str(), h.pid), ("host1", 42));
+        assert_eq!(h.fencing_token, 1_700_000_000_000_123);
+        assert_eq!(h.ttl_left, Duration::from_millis(2500));
+        assert_eq!((h.slot, h.slots), (1, 3));
+    }
+
+    #[test]
+    fn a_conflict_names_the_holders_n() {
+        for theirs in [Value::Int(3), bulk("3")] {
+            let v = Value::Array(vec![Value::Int(2), theirs]);
+            assert_eq!(
+                parse::<AcquireReply>(Script::Acquire, v),
+                Ok(AcquireReply::Conflict(3))
+            );
+        }
+        // A plain holder (no `slots` field) is one of 1.
+        let v = Value::Array(vec![Value::Int(2), bulk("1")]);
+        assert_eq!(
+            parse::<AcquireReply>(Script::Acquire, v),
+            Ok(AcquireReply::Conflict(1))
+        );
+        for theirs in [bulk("0"), bulk("1001"), bulk("x"), Value::Nil] {
+            let v = Value::Array(vec![Value::Int(2), theirs.clone()]);
+            assert!(
+                parse::<AcquireReply>(Script::Acquire, v).is_err(),
+                "{theirs:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_malformed_reply_is_an_error_never_token_zero() {
+        for v in [
+            Value::Array(vec![Value::Int(1), bulk("0"), Value::Int(0), bulk("1")]),
+            Value::Array(vec![
+                Value::Int(1),
+                bulk("garbage"),
+                Value::Int(0),
+                bulk("1"),
+            ]),
+            Value::Array(vec![Value::Int(1), bulk("5"), Value::Int(-1), bulk("1")]),
+            Value::Array(vec![Value::Int(1), bulk("5"), Value::Int(1000), bulk("1")]),
+            Value::Array(vec![Value::Int(1), bulk("5"), Value::Int(0), bulk("")]),
+            Value::Array(vec![Value::Int(1), bulk("5"), Value::Int(0), bulk("1x")]),
+            Value::Array(vec![Value::Int(1), bulk("5")]),
+            Value::Array(vec![Value::Int(1)]),
+            Value::Array(vec![Value::Int(0), bulk("h")]),
+            busy(0, 0),
+            busy(-1, 3),
+            Value::Int(1),
+            Value::Nil,
+        ] {
+            let e = parse::<AcquireReply>(Script::Acquire, v.clone()).unwrap_err();
+            assert!(e.0.contains("acquire script"), "{v:?}: {}", e.0);
+        }
+        assert!(parse::<Done>(Script::Renew, Value::Nil).is_err());
+        assert_eq!(parse::<Done>(Script::Renew, Value::Int(0)), Ok(Done(false)));
+    }
+
+    #[test]
+    fn holder_replies_parse() {
+        assert_eq!(
+            parse::<HoldersReply>(Script::Inspect, Value::Array(vec![Value::Int(0)])),
+            Ok(HoldersReply {
+                theirs: 0,
+                holders: vec![]
+            })
+        );
+        let holder = |slot: i64| {
+            Value::Array(vec![
+                bulk("h"),
+                bulk("7"),
+                bulk("1"),
+                bulk("9"),
+                Value::Int(-1),
+                Value::Int(slot),
+                bulk("3"),
+                bulk("tok"),
+            ])
+        };
+        let v = Value::Array(vec![bulk("4"), holder(0), holder(2)]);
+        let r = parse::<HoldersReply>(Script::Inspect, v).unwrap();
+        assert_eq!(r.theirs, 4);
+        let got: Vec<_> = r
+            .holders
+            .iter()
+            .map(|s| {
+                (
+                    s.holder.slot,
+                    s.holder.slots,
+                    s.holder.ttl_left,
+                    s.token.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(got, [(0, 3, MAX_LEASE, "tok"), (2, 3, MAX_LEASE, "tok")]);
+        let h = &r.holders[0].holder;
+        assert_eq!((h.pid, h.fencing_token), (7, 9));
+        let short = Value::Array(vec![
+            Value::Int(0),
+            Value::Array(vec![bulk("h"), bulk("7")]),
+        ]);
+        assert!(parse::<HoldersReply>(Script::Force, short).is_err());
+        assert!(parse::<HoldersReply>(Script::Force, Value::Array(vec![])).is_err());
+        let flat = Value::Array(vec![Value::Int(0), bulk("h")]);
+        assert!(parse::<HoldersReply>(Script::Force, flat).is_err());
+    }
+}
