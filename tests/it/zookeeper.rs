@@ -648,3 +648,52 @@ fn each_slot_keeps_its_own_hold_node() {
     let listed = zk.cli(&["ls", "/lockrun:/pool"]);
     assert!(listed.contains("[hold]"), "{listed}");
 }
+
+#[test]
+fn a_waiter_that_gives_up_at_the_boundary_hands_it_to_the_one_behind() {
+    let zk = ZkServer::start();
+    let opts = ["--slots", "2", "--ttl", "30s", "--wait", "60s"];
+    let scratch: Vec<Scratch> = (0..3).map(|_| Scratch::new()).collect();
+    let mut a = spawn_slot_holder(&zk, "pool", &scratch[0], &opts);
+    token_and_slot(&scratch[0]);
+    let mut b = spawn_slot_holder(&zk, "pool", &scratch[1], &opts);
+    token_and_slot(&scratch[1]);
+    let holders = {
+        let mut q = queue_nodes(&zk, "pool");
+        q.sort();
+        q
+    };
+    // c waits 3 s at the boundary; d behind it watches c.
+    let quitter = lockrun_run(
+        &zk.url(),
+        "pool",
+        &["--slots", "2", "--wait", "3s"],
+        &["true"],
+    );
+    let mut c = spawn(quitter);
+    wait_until("c queued", WAIT, || queue_nodes(&zk, "pool").len() == 3);
+    let mut d = spawn_slot_holder(&zk, "pool", &scratch[2], &opts);
+    wait_until("d queued", WAIT, || queue_nodes(&zk, "pool").len() == 4);
+    wait_watching(&zk, 2);
+    // c gives up: its node's deletion wakes d alone, which now watches both holders.
+    c.wait_for(Duration::from_secs(20)).assert_failure(75);
+    wait_until("d watches both holders", WAIT, || {
+        zk.watches().iter().any(|w| {
+            let mut w = w.clone();
+            w.sort();
+            w == holders
+        })
+    });
+    assert_eq!(zk.watches().len(), 1, "{:?}", zk.watches());
+    assert!(!scratch[2].exists("started"));
+    // Either holder leaving now admits d.
+    scratch[1].touch("go");
+    b.wait().assert_code(0);
+    let (_, slot) = token_and_slot(&scratch[2]);
+    assert_eq!(slot, 1);
+    scratch[0].touch("go");
+    scratch[2].touch("go");
+    a.wait().assert_code(0);
+    d.wait().assert_code(0);
+    assert!(zk.ephemerals().is_empty(), "left: {:?}", zk.ephemerals());
+}

@@ -76,7 +76,8 @@ impl ZkBackend {
     }
 
     /// A semaphore's holders in `listing`: each hold that is on, and each slot node
-    /// (read: its value describes its holder) with its owner's queue node.
+    /// (read: its value describes its holder) with its owner's queue node; and a plain
+    /// lock's first in line, when a semaphore's over holds are still listed beside it.
     async fn slot_holders(
         &self,
         client: &Client,
@@ -87,6 +88,13 @@ impl ZkBackend {
         for hold in self.judge_holds(client, dir, listing).await? {
             if hold.on {
                 found.push((hold.holder, vec![hold.path]));
+            }
+        }
+        let plain_first = listing.queue.first().filter(|n| n.slots == 1);
+        if let Some(first) = plain_first.filter(|_| !found.iter().any(|(h, _)| h.slot == 0)) {
+            let holder = self.holder_of(client, dir, first).await?;
+            if holder != Holder::default() {
+                found.push((holder, vec![format!("{dir}/{}", first.name)]));
             }
         }
         let paths: Vec<(u32, String)> = listing
