@@ -1,10 +1,15 @@
 //! What only the etcd backend (`etcd://`) has, against real `etcd` processes, one per
 //! test: the key and its lease as etcd stores them (created at the fencing token, one
-//! lease kept alive, nothing left behind), unreachable members, and authentication.
-//! The contract every backend keeps is tested in the conformance suite.
+//! lease kept alive, nothing left behind), unreachable members, and authentication;
+//! with `--slots N`, each slot's key on its holder's lease, a holder with another N
+//! refused, and the waiters' queue (keys on leases kept alive, gone when a waiter takes
+//! a slot, gives up or crashes). The contract every backend keeps is tested in the
+//! conformance suite.
 
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
 
 use crate::support::*;
 
@@ -224,4 +229,350 @@ fn a_lease_longer_than_a_day_is_refused_before_it_is_granted() {
         assert!(!etcd.exists(&etcd_key("job")), "--ttl {ttl} took the lock");
         assert_eq!(etcd.lease_count(), 0, "--ttl {ttl} left a lease");
     }
+}
+
+/// Like `HOLD`, writing `SLOT TOKEN` to `$STARTED`.
+const HOLD_SLOT: &str = r#"echo "$LOCKRUN_SLOT $LOCKRUN_FENCING_TOKEN" > "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.02; done"#;
+
+/// A lockrun holding a slot of semaphore `name` until `s.touch("go")`: it, its slot and
+/// its fencing token, once its command runs.
+fn hold_slot(etcd: &EtcdServer, name: &str, s: &Scratch, opts: &[&str]) -> (Running, u32, u128) {
+    let mut cmd = lockrun_run(&etcd.url(), name, opts, &sh(HOLD_SLOT));
+    cmd.env("STARTED", s.path("started"))
+        .env("GO", s.path("go"));
+    let lr = spawn(cmd);
+    let line = wait_line(&s.path("started"));
+    let (slot, token) = line
+        .split_once(' ')
+        .unwrap_or_else(|| panic!("the command wrote {line:?}, not a slot and a token"));
+    (lr, slot.parse().expect("LOCKRUN_SLOT"), parse_token(token))
+}
+
+#[test]
+fn each_slot_is_its_own_key_on_its_holders_own_lease() {
+    let etcd = EtcdServer::start();
+    let opts = ["--slots", "3", "--ttl", "30s"];
+    let scratch: Vec<Scratch> = (0..4).map(|_| Scratch::new()).collect();
+    let mut holders = Vec::new();
+    let mut leases = Vec::new();
+    for (want, s) in scratch[..3].iter().enumerate() {
+        let (lr, slot, token) = hold_slot(&etcd, "job", s, &opts);
+        assert_eq!(slot, want as u32, "not the lowest free slot");
+        let key = etcd
+            .get(&etcd_slot_key("job", slot))
+            .unwrap_or_else(|| panic!("no key for slot {slot}"));
+        assert_eq!(key.create_revision as u128, token);
+        let value: serde_json::Value = serde_json::from_str(&key.value).expect("JSON value");
+        assert_eq!(
+            (value["slot"].as_u64(), value["slots"].as_u64()),
+            (Some(slot.into()), Some(3))
+        );
+        assert_eq!(value["pid"], lr.pid());
+        assert!(
+            (1..=30).contains(&etcd.lease_ttl(key.lease)),
+            "slot {slot}'s lease"
+        );
+        assert!(!leases.contains(&key.lease), "slot {slot} shares a lease");
+        leases.push(key.lease);
+        holders.push((lr, token));
+    }
+    assert_eq!(
+        etcd.keys_with_prefix("lockrun:job"),
+        ["lockrun:job", "lockrun:job#1", "lockrun:job#2"]
+    );
+    // Every slot held: busy, and nothing left behind by the busy run.
+    run(lockrun_run(&etcd.url(), "job", &opts, &["true"])).assert_failure(75);
+    assert_eq!(etcd.lease_count(), 3);
+    // Slot 1 frees: its key and lease go, and the next holder takes it.
+    scratch[1].touch("go");
+    holders[1].0.wait().assert_code(0);
+    assert!(!etcd.exists(&etcd_slot_key("job", 1)));
+    assert_eq!(etcd.lease_count(), 2);
+    let (mut again, slot, token) = hold_slot(&etcd, "job", &scratch[3], &opts);
+    assert_eq!(slot, 1);
+    assert!(
+        holders.iter().all(|(_, t)| *t < token),
+        "the token did not grow"
+    );
+    for (i, s) in scratch.iter().enumerate() {
+        if i != 1 {
+            s.touch("go");
+        }
+    }
+    again.wait().assert_code(0);
+    for (i, (lr, _)) in holders.iter_mut().enumerate() {
+        if i != 1 {
+            lr.wait().assert_code(0);
+        }
+    }
+    assert_eq!(etcd.keys_with_prefix("lockrun:job"), Vec::<String>::new());
+    assert_eq!(etcd.lease_count(), 0, "a lease was left behind");
+}
+
+#[test]
+fn a_holder_with_another_n_is_refused_with_125() {
+    let etcd = EtcdServer::start();
+    let (s0, s1, s2) = (Scratch::new(), Scratch::new(), Scratch::new());
+    let refused = |opts: &[&str], theirs: &str| {
+        let marker = s2.path("ran");
+        let f = run(lockrun_run(
+            &etcd.url(),
+            "job",
+            opts,
+            &["touch", marker.to_str().unwrap()],
+        ));
+        f.assert_failure(125);
+        assert!(!s2.exists("ran"), "{opts:?}: the command ran");
+        let line = f.lockrun_line().unwrap_or_default();
+        assert!(line.contains(theirs), "{opts:?}: {line}");
+    };
+    let (mut first, slot, _) = hold_slot(&etcd, "job", &s0, &["--slots", "2", "--ttl", "30s"]);
+    assert_eq!(slot, 0);
+    refused(&["--slots", "3"], "--slots 2");
+    refused(&[], "--slots 2");
+    // Only slot 1 held: slot 0 is free, and a plain lock is still refused.
+    let (mut second, slot, _) = hold_slot(&etcd, "job", &s1, &["--slots", "2", "--ttl", "30s"]);
+    assert_eq!(slot, 1);
+    s0.touch("go");
+    first.wait().assert_code(0);
+    assert!(!etcd.exists(&etcd_key("job")));
+    refused(&[], "--slots 2");
+    refused(&["--slots", "3"], "--slots 2");
+    assert_eq!(etcd.lease_count(), 1, "a refused run left a lease behind");
+    s1.touch("go");
+    second.wait().assert_code(0);
+    // A plain holder (its value is what lockrun wrote before semaphores).
+    let s3 = Scratch::new();
+    let (mut plain, _) = start_holder(&etcd.url(), "job", &s3, &["--ttl", "30s"]);
+    let value = etcd.get(&etcd_key("job")).expect("the lock key").value;
+    assert!(
+        !value.contains("slot"),
+        "a plain lock's value changed: {value}"
+    );
+    refused(&["--slots", "2"], "a plain lock (--slots 1)");
+    assert_eq!(etcd.lease_count(), 1, "a refused run left a lease behind");
+    s3.touch("go");
+    plain.wait().assert_code(0);
+}
+
+#[test]
+fn concurrent_acquirers_never_share_a_slot() {
+    let etcd = EtcdServer::start();
+    let s = Scratch::new();
+    // mkdir is atomic: a slot taken twice at once leaves a line in "shared".
+    let script = r#"
+        mkdir "$DIR/slot-$LOCKRUN_SLOT" || echo "$LOCKRUN_SLOT" >> "$DIR/shared"
+        echo "$LOCKRUN_SLOT $LOCKRUN_FENCING_TOKEN" >> "$DIR/log"
+        sleep 0.3
+        rmdir "$DIR/slot-$LOCKRUN_SLOT""#;
+    let runs: Vec<Running> = (0..9)
+        .map(|_| {
+            let opts = ["--slots", "3", "--ttl", "10s", "--wait", "60s"];
+            let mut cmd = lockrun_run(&etcd.url(), "job", &opts, &sh(script));
+            cmd.env("DIR", s.path(""));
+            spawn(cmd)
+        })
+        .collect();
+    for mut lr in runs {
+        lr.wait_for(Duration::from_secs(90)).assert_code(0);
+    }
+    assert!(
+        !s.exists("shared"),
+        "a slot was held twice: {}",
+        s.read("shared")
+    );
+    let log = s.read("log");
+    let mut tokens = Vec::new();
+    for line in log.lines() {
+        let (slot, token) = line.split_once(' ').expect("SLOT TOKEN");
+        assert!(slot.parse::<u32>().expect("a slot") < 3, "{line}");
+        tokens.push(parse_token(token));
+    }
+    assert_eq!(tokens.len(), 9, "{log}");
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 9, "two runs had one token: {log}");
+    assert_eq!(etcd.keys_with_prefix("lockrun:job"), Vec::<String>::new());
+    assert_eq!(etcd.lease_count(), 0, "a lease was left behind");
+}
+
+#[test]
+fn a_waiter_takes_whichever_slot_frees() {
+    let etcd = EtcdServer::start();
+    let opts = ["--slots", "2", "--ttl", "30s"];
+    let (s0, s1, s2) = (Scratch::new(), Scratch::new(), Scratch::new());
+    let (mut h0, _, _) = hold_slot(&etcd, "job", &s0, &opts);
+    let (mut h1, _, _) = hold_slot(&etcd, "job", &s1, &opts);
+    let mut cmd = lockrun_run(
+        &etcd.url(),
+        "job",
+        &["--slots", "2", "--wait", "60s"],
+        &sh(HOLD_SLOT),
+    );
+    cmd.env("STARTED", s2.path("started"))
+        .env("GO", s2.path("go"));
+    let mut waiter = spawn(cmd);
+    s1.touch("go");
+    h1.wait().assert_code(0);
+    let line = wait_line(&s2.path("started"));
+    assert!(
+        line.starts_with("1 "),
+        "the waiter did not take slot 1: {line}"
+    );
+    s0.touch("go");
+    s2.touch("go");
+    h0.wait().assert_code(0);
+    waiter.wait().assert_code(0);
+}
+
+#[test]
+fn release_force_breaks_every_slot_and_revokes_its_lease() {
+    let etcd = EtcdServer::start();
+    let opts = ["--slots", "2", "--ttl", "30s"];
+    let (s0, s1) = (Scratch::new(), Scratch::new());
+    let (mut h0, _, t0) = hold_slot(&etcd, "job", &s0, &opts);
+    let (mut h1, _, t1) = hold_slot(&etcd, "job", &s1, &opts);
+    let mut force = lockrun();
+    force.args([
+        "release",
+        "--force",
+        "--slots",
+        "2",
+        "--url",
+        &etcd.url(),
+        "job",
+    ]);
+    let f = run(force);
+    f.assert_code(0);
+    for token in [t0, t1] {
+        assert!(
+            f.stderr.contains(&token.to_string()),
+            "token {token} not named: {}",
+            f.stderr
+        );
+    }
+    assert_eq!(etcd.keys_with_prefix("lockrun:job"), Vec::<String>::new());
+    assert_eq!(
+        etcd.lease_count(),
+        0,
+        "a broken holder's lease is still there"
+    );
+    // Each holder finds out at its next renewal and stops its command.
+    for lr in [&mut h0, &mut h1] {
+        let f = lr.wait_for(Duration::from_secs(30));
+        assert_ne!(f.code, Some(0), "a broken holder ended well: {}", f.stderr);
+    }
+}
+
+/// The waiter keys of semaphore "job" (one per lockrun waiting, each on its lease).
+fn waiter_keys(etcd: &EtcdServer) -> Vec<String> {
+    etcd.keys_with_prefix("lockrun:job%")
+}
+
+/// Spawns a lockrun waiting for a slot of "job" (2 slots, `--ttl 2s`) running
+/// `HOLD_SLOT` in `s`, once its waiter key is the `place`-th (from 1).
+fn queue_waiter(etcd: &EtcdServer, s: &Scratch, place: usize) -> Running {
+    let opts = ["--slots", "2", "--ttl", "2s", "--wait", "60s"];
+    let mut cmd = lockrun_run(&etcd.url(), "job", &opts, &sh(HOLD_SLOT));
+    cmd.env("STARTED", s.path("started"))
+        .env("GO", s.path("go"));
+    let lr = spawn(cmd);
+    wait_until("the waiter queued", WAIT, || {
+        waiter_keys(etcd).len() == place
+    });
+    lr
+}
+
+#[test]
+fn a_semaphores_waiters_queue_on_leases_kept_alive_and_leave_nothing() {
+    let etcd = EtcdServer::start();
+    let opts = ["--slots", "2", "--ttl", "30s"];
+    let (s0, s1) = (Scratch::new(), Scratch::new());
+    let (mut h0, _, _) = hold_slot(&etcd, "job", &s0, &opts);
+    let (mut h1, slot, _) = hold_slot(&etcd, "job", &s1, &opts);
+    assert_eq!(slot, 1);
+    // A busy run that does not wait leaves no waiter key and no lease.
+    run(lockrun_run(&etcd.url(), "job", &opts, &["true"])).assert_failure(75);
+    assert_eq!(waiter_keys(&etcd), Vec::<String>::new());
+    assert_eq!(etcd.lease_count(), 2);
+    let (w1, w2) = (Scratch::new(), Scratch::new());
+    let mut first = queue_waiter(&etcd, &w1, 1);
+    let mut second = queue_waiter(&etcd, &w2, 2);
+    let queued: Vec<_> = waiter_keys(&etcd)
+        .iter()
+        .map(|k| etcd.get(k).expect("a waiter key"))
+        .collect();
+    // Three times their TTL: the waiters keep their leases, and so their places.
+    thread::sleep(Duration::from_secs(6));
+    for q in &queued {
+        assert!(etcd.lease_ttl(q.lease) > 0, "a waiter's lease ended");
+    }
+    let now: Vec<_> = waiter_keys(&etcd)
+        .iter()
+        .map(|k| etcd.get(k).expect("a waiter key").create_revision)
+        .collect();
+    let then: Vec<_> = queued.iter().map(|q| q.create_revision).collect();
+    assert_eq!(now, then, "a waiter lost its place");
+    // Slot 1 frees: the first waiter takes it, the second stays queued.
+    s1.touch("go");
+    h1.wait().assert_code(0);
+    let line = wait_line(&w1.path("started"));
+    assert!(
+        line.starts_with("1 "),
+        "the first waiter did not get slot 1: {line}"
+    );
+    assert!(
+        !w2.exists("started"),
+        "the second waiter ran with both slots held"
+    );
+    assert_eq!(waiter_keys(&etcd).len(), 1);
+    // The second gives up (a signal): its waiter key and lease go.
+    second.signal(Signal::SIGTERM);
+    assert_ne!(second.wait().code, Some(0));
+    assert_eq!(waiter_keys(&etcd), Vec::<String>::new());
+    assert_eq!(
+        etcd.lease_count(),
+        2,
+        "the waiter that gave up left its lease"
+    );
+    s0.touch("go");
+    w1.touch("go");
+    h0.wait().assert_code(0);
+    first.wait().assert_code(0);
+    assert_eq!(etcd.keys_with_prefix("lockrun:job"), Vec::<String>::new());
+    assert_eq!(etcd.lease_count(), 0, "a lease was left behind");
+}
+
+#[test]
+fn a_crashed_waiter_leaves_the_queue_when_its_lease_ends() {
+    let etcd = EtcdServer::start();
+    let opts = ["--slots", "2", "--ttl", "30s"];
+    let (s0, s1) = (Scratch::new(), Scratch::new());
+    let (mut h0, _, _) = hold_slot(&etcd, "job", &s0, &opts);
+    let (mut h1, _, _) = hold_slot(&etcd, "job", &s1, &opts);
+    let (w1, w2) = (Scratch::new(), Scratch::new());
+    let mut crashed = queue_waiter(&etcd, &w1, 1);
+    let mut next = queue_waiter(&etcd, &w2, 2);
+    crashed.signal(Signal::SIGKILL);
+    crashed.wait();
+    let killed = Instant::now();
+    s1.touch("go");
+    h1.wait().assert_code(0);
+    // The crashed waiter's place holds the free slot until its lease (2 s, as etcd
+    // rounds and raises it) ends; then the next waiter takes it.
+    let line = wait_line(&w2.path("started"));
+    assert!(
+        line.starts_with("1 "),
+        "the next waiter did not get slot 1: {line}"
+    );
+    assert!(
+        killed.elapsed() < Duration::from_secs(10),
+        "the next waiter ran {:?} after the crash",
+        killed.elapsed()
+    );
+    assert_eq!(waiter_keys(&etcd), Vec::<String>::new());
+    s0.touch("go");
+    w2.touch("go");
+    h0.wait().assert_code(0);
+    next.wait().assert_code(0);
 }

@@ -2,8 +2,10 @@
 //! majority holds it, exclusive and with increasing fencing tokens while a majority keeps
 //! its data (one server down and one restarted empty), the command stopped before the
 //! quorum's validity ends when a majority goes away but not when a minority does, and
-//! how a quorum is given. The contract every backend keeps, with all three servers
-//! faulted at once, is tested in the conformance suite.
+//! how a quorum is given; with `--slots N`, one slot held on a majority even when the
+//! servers disagree on which slot is free, and a plain holder refusing a semaphore. The
+//! contract every backend keeps, with all three servers faulted at once, is tested in
+//! the conformance suite.
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -157,4 +159,112 @@ fn two_urls_are_not_a_quorum() {
     f.assert_failure(125);
     assert!(f.stderr.contains("quorum"), "{}", f.stderr);
     assert!(!s.exists("marker"));
+}
+
+#[test]
+fn servers_that_disagree_on_the_free_slot_still_give_one_slot_on_a_majority() {
+    let servers = servers();
+    // Left by others, each on one server only (a minority): server 0 has slot 0 taken,
+    // server 1 slots 0 and 1, server 2 nothing. The lowest free slot differs on each
+    // (1, 2, 0); slot 1 is the lowest free on a majority (servers 0 and 2).
+    servers[0].write_holder(&slot_key("job", 0), "other-a", 3, 60_000);
+    servers[1].write_holder(&slot_key("job", 0), "other-b", 3, 60_000);
+    servers[1].write_holder(&slot_key("job", 1), "other-c", 3, 60_000);
+    let s = Scratch::new();
+    let mut cmd = quorum_run(
+        &servers,
+        "job",
+        &["--slots", "3", "--ttl", "30s"],
+        &sh(r#"echo "$LOCKRUN_SLOT" > "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.02; done"#),
+    );
+    cmd.env("STARTED", s.path("started"))
+        .env("GO", s.path("go"));
+    let mut lr = spawn(cmd);
+    assert_eq!(wait_line(&s.path("started")).trim(), "1");
+    // Slot 1 with one token on servers 0 and 2; nothing of ours anywhere else.
+    let token = servers[0].hget(&slot_key("job", 1), "token");
+    assert!(token.is_some(), "server 0 does not hold slot 1");
+    assert_eq!(servers[2].hget(&slot_key("job", 1), "token"), token);
+    assert!(
+        !servers[2].exists(&slot_key("job", 0)),
+        "server 2 kept slot 0"
+    );
+    assert!(
+        !servers[1].exists(&slot_key("job", 2)),
+        "server 1 kept slot 2"
+    );
+    // status shows the majority's holder only, not the others' minority leftovers.
+    let mut status = lockrun();
+    status
+        .arg("status")
+        .args(urls(&servers))
+        .args(["--json", "--slots", "3", "job"]);
+    let f = run(status);
+    f.assert_code(0);
+    let v: serde_json::Value = serde_json::from_str(f.stdout.trim()).expect("status JSON");
+    let held: Vec<_> = v["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .map(|h| (h["slot"].clone(), h["pid"].clone()))
+        .collect();
+    assert_eq!(held, [(1.into(), lr.pid().into())], "{v}");
+    s.touch("go");
+    lr.wait().assert_code(0);
+    for server in [&servers[0], &servers[2]] {
+        assert!(
+            !server.exists(&slot_key("job", 1)),
+            "slot 1 kept after the run"
+        );
+    }
+}
+
+#[test]
+fn without_a_slot_free_on_a_majority_a_semaphore_is_busy_and_keeps_nothing() {
+    let servers = servers();
+    // Slot 0 free on server 0 only, slot 1 on server 1 only: each server has a free
+    // slot, none a majority.
+    servers[0].write_holder(&slot_key("job", 1), "other-a", 2, 60_000);
+    servers[1].write_holder(&slot_key("job", 0), "other-b", 2, 60_000);
+    servers[2].write_holder(&slot_key("job", 0), "other-c", 2, 60_000);
+    servers[2].write_holder(&slot_key("job", 1), "other-d", 2, 60_000);
+    let s = Scratch::new();
+    let mut cmd = quorum_run(
+        &servers,
+        "job",
+        &["--slots", "2"],
+        &sh(r#"touch "$MARKER""#),
+    );
+    cmd.env("MARKER", s.path("marker"));
+    run(cmd).assert_failure(75);
+    assert!(!s.exists("marker"));
+    assert!(
+        !servers[0].exists(&slot_key("job", 0)),
+        "server 0 kept slot 0"
+    );
+    assert!(
+        !servers[1].exists(&slot_key("job", 1)),
+        "server 1 kept slot 1"
+    );
+}
+
+#[test]
+fn a_plain_holder_on_a_majority_refuses_a_semaphore() {
+    let servers = servers();
+    let s = Scratch::new();
+    let (mut holder, _) = hold(
+        quorum_run(&servers, "job", &["--ttl", "30s"], &sh(HOLD)),
+        &s,
+    );
+    let f = run(quorum_run(&servers, "job", &["--slots", "2"], &sh("true")));
+    f.assert_failure(125);
+    assert!(f.stderr.contains("a plain lock"), "{}", f.stderr);
+    for server in &servers {
+        assert!(
+            !server.exists(&slot_key("job", 1)),
+            "a refused run kept slot 1"
+        );
+    }
+    s.touch("go");
+    holder.wait().assert_code(0);
 }

@@ -1,5 +1,6 @@
 //! Redis behind Sentinel (`redis+sentinel://`): lockrun asks the Sentinels for the
-//! master, follows a failover, and keeps fencing tokens increasing across it.
+//! master, follows a failover, and keeps fencing tokens increasing across it; a
+//! semaphore's slots and its limit key live on across it too.
 
 use std::time::Duration;
 
@@ -94,4 +95,55 @@ fn an_unknown_master_name_fails_closed() {
     f.assert_failure(125);
     assert!(f.stderr.contains("nosuchmaster"), "{}", f.stderr);
     assert!(!s.exists("marker"));
+}
+
+#[test]
+fn a_semaphores_slots_live_on_across_a_failover() {
+    let mut cluster = Sentinel::start(DOWN_AFTER);
+    let opts = ["--slots", "2", "--ttl", "10s"];
+    let mut holders: Vec<(Running, Scratch)> = (0..2)
+        .map(|_| {
+            let s = Scratch::new();
+            let (lr, _) = hold(lockrun_run(&cluster.url(), "job", &opts, &sh(HOLD)), &s);
+            (lr, s)
+        })
+        .collect();
+    assert!(
+        cluster.master().exists(&slot_key("job", 1)),
+        "slot 1 is not on the master"
+    );
+    wait_until("the slots are replicated", WAIT, || {
+        let r = cluster.replica();
+        r.exists(&slot_key("job", 0))
+            && r.exists(&slot_key("job", 1))
+            && r.exists(&limit_key("job"))
+    });
+    cluster.kill_master_and_wait_for_failover();
+    wait_until("the promoted replica says it is a master", WAIT, || {
+        let role: Vec<redis::Value> = cluster.replica().query(&redis::cmd("ROLE"));
+        role.first() == Some(&redis::Value::BulkString(b"master".to_vec()))
+    });
+    // On the promoted replica both slots are held, with the holders' N.
+    let s = Scratch::new();
+    let mut busy = lockrun_run(
+        &cluster.url(),
+        "job",
+        &["--slots", "2"],
+        &sh(r#"touch "$MARKER""#),
+    );
+    busy.env("MARKER", s.path("marker"));
+    run(busy).assert_failure(75);
+    let f = run(lockrun_run(
+        &cluster.url(),
+        "job",
+        &[],
+        &sh(r#"touch "$MARKER""#),
+    ));
+    f.assert_failure(125);
+    assert!(f.stderr.contains("--slots 2"), "{}", f.stderr);
+    assert!(!s.exists("marker"), "a third holder ran");
+    for (lr, s) in &mut holders {
+        s.touch("go");
+        lr.wait_for(Duration::from_secs(60)).assert_code(0);
+    }
 }

@@ -2,7 +2,10 @@
 //! started by the tests: the queue nodes as the server keeps them, the session timeout
 //! the server grants, a session the server expired, 50 waiters served in order with
 //! one watch each, a 3-member ensemble losing its leader, digest authentication and
-//! the chroot. The contract every backend keeps is tested in the conformance suite.
+//! the chroot; and semaphores (`--slots`): the slot nodes, the waiter at the boundary
+//! watching every holder ahead and the others one node, racing runs never two on a
+//! slot, a conflicting N refused, the hold node of each slot. The contract every
+//! backend keeps is tested in the conformance suite.
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -345,5 +348,352 @@ fn runs_without_wait_racing_for_a_free_lock_never_overlap() {
     let ran = ran.into_inner();
     assert!(ran > 0, "no run took the lock");
     history.assert_sequential(ran);
+    assert!(zk.ephemerals().is_empty(), "left: {:?}", zk.ephemerals());
+}
+
+/// A command that writes its fencing token and slot to `$STARTED`, then runs until
+/// `$GO` exists.
+const SLOT_HOLD: &str = r#"echo "$LOCKRUN_FENCING_TOKEN $LOCKRUN_SLOT" > "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.02; done"#;
+
+/// A lockrun running [`SLOT_HOLD`] on `name` with `opts`, with its files in `s`.
+fn spawn_slot_holder(zk: &ZkServer, name: &str, s: &Scratch, opts: &[&str]) -> Running {
+    let mut cmd = lockrun_run(&zk.url(), name, opts, &sh(SLOT_HOLD));
+    cmd.env("STARTED", s.path("started"))
+        .env("GO", s.path("go"));
+    spawn(cmd)
+}
+
+/// The fencing token and slot a [`SLOT_HOLD`] command wrote, once it runs.
+fn token_and_slot(s: &Scratch) -> (u128, u32) {
+    let line = wait_line(&s.path("started"));
+    let (token, slot) = line.split_once(' ').expect("token and slot");
+    (parse_token(token), slot.parse().expect("a slot number"))
+}
+
+/// The queue node of the lockrun whose node is the `i`-th of `name`'s queue (by
+/// sequence number), as a path.
+fn nth_in_queue(zk: &ZkServer, name: &str, i: usize) -> String {
+    let mut nodes = queue_nodes(zk, name);
+    nodes.sort_by_key(|p| p.rsplit('-').next().unwrap_or_default().to_owned());
+    nodes[i].clone()
+}
+
+#[test]
+fn two_holders_take_slots_0_and_1_and_the_next_waiters_are_woken_by_either() {
+    let zk = ZkServer::start();
+    let opts = ["--slots", "2", "--ttl", "30s", "--wait", "60s"];
+    let scratch: Vec<Scratch> = (0..4).map(|_| Scratch::new()).collect();
+    let mut a = spawn_slot_holder(&zk, "pool", &scratch[0], &opts);
+    let (token_a, slot_a) = token_and_slot(&scratch[0]);
+    let mut b = spawn_slot_holder(&zk, "pool", &scratch[1], &opts);
+    let (token_b, slot_b) = token_and_slot(&scratch[1]);
+    assert_eq!((slot_a, slot_b), (0, 1), "not the lowest free slots");
+    assert!(token_a < token_b, "{token_a} then {token_b}");
+    // Each holder: a queue node naming N, and its slot's ephemeral node.
+    let nodes = zk.ephemerals();
+    for slot in ["/lockrun:/pool/slot-0", "/lockrun:/pool/slot-1"] {
+        assert!(nodes.iter().any(|n| n == slot), "no {slot} in {nodes:?}");
+    }
+    let queue = queue_nodes(&zk, "pool");
+    assert_eq!(queue.len(), 2, "{nodes:?}");
+    for node in &queue {
+        let name = node.rsplit('/').next().unwrap();
+        let parts: Vec<&str> = name.split('-').collect();
+        assert_eq!(parts.len(), 4, "{name}");
+        assert_eq!(
+            (parts[1].len(), parts[2], parts[3].len()),
+            (32, "n2", 10),
+            "{name}"
+        );
+    }
+
+    // c waits at the boundary, watching both holders; d behind it watches c alone.
+    let mut c = spawn_slot_holder(&zk, "pool", &scratch[2], &opts);
+    wait_until("c queued", WAIT, || queue_nodes(&zk, "pool").len() == 3);
+    let mut d = spawn_slot_holder(&zk, "pool", &scratch[3], &opts);
+    wait_until("d queued", WAIT, || queue_nodes(&zk, "pool").len() == 4);
+    let node_c = nth_in_queue(&zk, "pool", 2);
+    let mut watches = wait_watching(&zk, 2);
+    watches.sort_by_key(Vec::len);
+    let mut holders = queue.clone();
+    holders.sort();
+    watches[1].sort();
+    assert_eq!(watches, vec![vec![node_c], holders], "who watches what");
+
+    // The holder of slot 1 leaves: c takes slot 1; d is now at the boundary.
+    scratch[1].touch("go");
+    b.wait().assert_code(0);
+    let (token_c, slot_c) = token_and_slot(&scratch[2]);
+    assert_eq!(slot_c, 1);
+    assert!(token_c > token_b, "{token_c} after {token_b}");
+    assert!(!scratch[3].exists("started"), "d ran with both slots held");
+    wait_until("d watches both holders", WAIT, || {
+        zk.watches().iter().any(|w| w.len() == 2)
+    });
+    // The holder of slot 0 leaves: d takes slot 0.
+    scratch[0].touch("go");
+    a.wait().assert_code(0);
+    let (token_d, slot_d) = token_and_slot(&scratch[3]);
+    assert_eq!(slot_d, 0);
+    assert!(token_d > token_c, "{token_d} after {token_c}");
+    scratch[2].touch("go");
+    scratch[3].touch("go");
+    c.wait().assert_code(0);
+    d.wait().assert_code(0);
+    assert!(zk.ephemerals().is_empty(), "left: {:?}", zk.ephemerals());
+}
+
+#[test]
+fn a_waiter_behind_the_boundary_keeps_one_watch_and_every_waiter_is_served() {
+    const WAITERS: usize = 8;
+    alone();
+    let zk = ZkServer::start();
+    let opts = ["--slots", "3", "--ttl", "30s", "--wait", "120s"];
+    let holders: Vec<Scratch> = (0..3).map(|_| Scratch::new()).collect();
+    let mut running: Vec<Running> = holders
+        .iter()
+        .map(|s| {
+            let r = spawn_slot_holder(&zk, "pool", s, &opts);
+            token_and_slot(s);
+            r
+        })
+        .collect();
+    let out = Scratch::new();
+    let mut waiters = Vec::new();
+    for i in 0..WAITERS {
+        let mut cmd = lockrun_run(
+            &zk.url(),
+            "pool",
+            &opts,
+            &sh(r#"echo "$LOCKRUN_FENCING_TOKEN" >> "$OUT"; sleep 0.05"#),
+        );
+        cmd.env("OUT", out.path("order"));
+        waiters.push(spawn(cmd));
+        wait_until("the waiter queued", WAIT, || {
+            queue_nodes(&zk, "pool").len() == 3 + i + 1
+        });
+    }
+    // The first waiter watches the 3 holders; each later one the waiter ahead of it.
+    let watches = wait_watching(&zk, WAITERS);
+    let mut sizes: Vec<usize> = watches.iter().map(Vec::len).collect();
+    sizes.sort_unstable();
+    let mut expected = vec![1; WAITERS - 1];
+    expected.push(3);
+    assert_eq!(sizes, expected, "{watches:?}");
+    let mut paths: Vec<&String> = watches.iter().flatten().collect();
+    paths.sort();
+    paths.dedup();
+    assert_eq!(
+        paths.len(),
+        3 + WAITERS - 1,
+        "two waiters watch one node: {watches:?}"
+    );
+
+    for (s, r) in holders.iter().zip(&mut running) {
+        s.touch("go");
+        r.wait().assert_code(0);
+    }
+    for w in &mut waiters {
+        w.wait_for(Duration::from_secs(60)).assert_code(0);
+    }
+    let order: Vec<u128> = out.read("order").lines().map(parse_token).collect();
+    assert_eq!(order.len(), WAITERS);
+    assert!(zk.ephemerals().is_empty(), "left: {:?}", zk.ephemerals());
+}
+
+#[test]
+fn racing_runs_never_share_a_slot_nor_exceed_n() {
+    const WORKERS: usize = 6;
+    const ROUNDS: usize = 3;
+    let zk = ZkServer::start();
+    let s = Scratch::new();
+    std::fs::create_dir(s.path("in")).unwrap();
+    // mkdir of the slot fails if another holder is inside on it; the count of
+    // directories is how many are inside at once.
+    let script = r#"mkdir "$IN/$LOCKRUN_SLOT" || echo "slot $LOCKRUN_SLOT twice" >> "$BAD"
+n=$(ls "$IN" | wc -l); [ "$n" -le 2 ] || echo "$n inside" >> "$BAD"
+echo "$LOCKRUN_FENCING_TOKEN" >> "$TOKENS"; sleep 0.03; rmdir "$IN/$LOCKRUN_SLOT""#;
+    thread::scope(|scope| {
+        for w in 0..WORKERS {
+            let (zk, s) = (&zk, &s);
+            scope.spawn(move || {
+                for _ in 0..ROUNDS {
+                    // Half wait, half do not: both paths race.
+                    let wait = if w % 2 == 0 { "60s" } else { "0s" };
+                    let opts = ["--slots", "2", "--wait", wait];
+                    let mut cmd = lockrun_run(&zk.url(), "pool", &opts, &sh(script));
+                    cmd.env("IN", s.path("in"))
+                        .env("BAD", s.path("bad"))
+                        .env("TOKENS", s.path("tokens"));
+                    match run(cmd).code {
+                        Some(0) | Some(75) => {}
+                        other => panic!("a racing run ended with {other:?}"),
+                    }
+                }
+            });
+        }
+    });
+    assert!(!s.exists("bad"), "{}", s.read("bad"));
+    let mut tokens: Vec<u128> = s.read("tokens").lines().map(parse_token).collect();
+    assert!(tokens.len() >= WORKERS / 2 * ROUNDS, "{tokens:?}");
+    let all = tokens.len();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), all, "a token was handed out twice");
+    assert!(zk.ephemerals().is_empty(), "left: {:?}", zk.ephemerals());
+}
+
+#[test]
+fn a_conflicting_n_is_refused_with_125_without_a_node_left() {
+    let zk = ZkServer::start();
+    let s = Scratch::new();
+    let mut holder = spawn_slot_holder(&zk, "pool", &s, &["--slots", "2"]);
+    token_and_slot(&s);
+    let before = zk.ephemerals();
+    for (opts, says) in [
+        (vec!["--slots", "3"], "--slots 2, not --slots 3"),
+        (
+            vec!["--slots", "3", "--wait", "5s"],
+            "--slots 2, not --slots 3",
+        ),
+        (vec![], "--slots 2, not a plain lock"),
+        (vec!["--wait", "5s"], "--slots 2, not a plain lock"),
+    ] {
+        let f = run(lockrun_run(&zk.url(), "pool", &opts, &["true"]));
+        f.assert_failure(125);
+        let line = f.lockrun_line().unwrap();
+        assert!(line.contains(says), "{opts:?}: {line}");
+        assert_eq!(zk.ephemerals(), before, "{opts:?} left a node");
+    }
+    s.touch("go");
+    holder.wait().assert_code(0);
+    // A plain holder refuses a semaphore the same way.
+    let plain = Scratch::new();
+    let (mut holder, _) = start_holder(&zk.url(), "pool", &plain, &[]);
+    let f = run(lockrun_run(
+        &zk.url(),
+        "pool",
+        &["--slots", "2", "--wait", "5s"],
+        &["true"],
+    ));
+    f.assert_failure(125);
+    assert!(f
+        .lockrun_line()
+        .unwrap()
+        .contains("a plain lock (--slots 1), not --slots 2"));
+    plain.touch("go");
+    holder.wait().assert_code(0);
+    assert!(zk.ephemerals().is_empty(), "left: {:?}", zk.ephemerals());
+}
+
+#[test]
+fn each_slot_keeps_its_own_hold_node() {
+    let zk = ZkServer::start();
+    let opts = ["--slots", "2", "--ttl", "30s", "--wait", "60s"];
+    let (a, b) = (Scratch::new(), Scratch::new());
+    let mut holder_a = spawn_slot_holder(
+        &zk,
+        "pool",
+        &a,
+        &[&opts[..], &["--hold-at-least", "10s"]].concat(),
+    );
+    token_and_slot(&a);
+    let mut holder_b = spawn_slot_holder(
+        &zk,
+        "pool",
+        &b,
+        &[&opts[..], &["--hold-at-least", "1s"]].concat(),
+    );
+    token_and_slot(&b);
+    // Both leave at once; each slot is kept by its hold node (slot 0's is the plain
+    // lock's `hold`), persistent, so not in the ephemeral nodes.
+    a.touch("go");
+    b.touch("go");
+    holder_a.wait().assert_code(0);
+    holder_b.wait().assert_code(0);
+    let listed = zk.cli(&["ls", "/lockrun:/pool"]);
+    assert!(
+        listed.contains("hold") && listed.contains("hold-1"),
+        "no hold nodes: {listed}"
+    );
+    assert!(zk.ephemerals().is_empty(), "left: {:?}", zk.ephemerals());
+    // Slot 1's hold ends first: a new run takes slot 1, not slot 0.
+    let f = run(lockrun_run(
+        &zk.url(),
+        "pool",
+        &opts,
+        &sh(r#"echo "$LOCKRUN_SLOT""#),
+    ));
+    assert_eq!(f.assert_code(0).stdout.trim(), "1");
+    let mut status = lockrun();
+    status.args([
+        "status",
+        "--json",
+        "--slots",
+        "2",
+        "--url",
+        &zk.url(),
+        "pool",
+    ]);
+    let f = run(status);
+    let v: serde_json::Value = serde_json::from_str(f.assert_code(0).stdout.trim()).expect("JSON");
+    let slots: Vec<u64> = v["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .filter_map(|h| h["slot"].as_u64())
+        .collect();
+    assert_eq!(slots, vec![0], "only slot 0's hold keeps it: {v}");
+    // The run on slot 1 removed the hold it found over; slot 0's stays until it ends.
+    let listed = zk.cli(&["ls", "/lockrun:/pool"]);
+    assert!(listed.contains("[hold]"), "{listed}");
+}
+
+#[test]
+fn a_waiter_that_gives_up_at_the_boundary_hands_it_to_the_one_behind() {
+    let zk = ZkServer::start();
+    let opts = ["--slots", "2", "--ttl", "30s", "--wait", "60s"];
+    let scratch: Vec<Scratch> = (0..3).map(|_| Scratch::new()).collect();
+    let mut a = spawn_slot_holder(&zk, "pool", &scratch[0], &opts);
+    token_and_slot(&scratch[0]);
+    let mut b = spawn_slot_holder(&zk, "pool", &scratch[1], &opts);
+    token_and_slot(&scratch[1]);
+    let holders = {
+        let mut q = queue_nodes(&zk, "pool");
+        q.sort();
+        q
+    };
+    // c waits 3 s at the boundary; d behind it watches c.
+    let quitter = lockrun_run(
+        &zk.url(),
+        "pool",
+        &["--slots", "2", "--wait", "3s"],
+        &["true"],
+    );
+    let mut c = spawn(quitter);
+    wait_until("c queued", WAIT, || queue_nodes(&zk, "pool").len() == 3);
+    let mut d = spawn_slot_holder(&zk, "pool", &scratch[2], &opts);
+    wait_until("d queued", WAIT, || queue_nodes(&zk, "pool").len() == 4);
+    wait_watching(&zk, 2);
+    // c gives up: its node's deletion wakes d alone, which now watches both holders.
+    c.wait_for(Duration::from_secs(20)).assert_failure(75);
+    wait_until("d watches both holders", WAIT, || {
+        zk.watches().iter().any(|w| {
+            let mut w = w.clone();
+            w.sort();
+            w == holders
+        })
+    });
+    assert_eq!(zk.watches().len(), 1, "{:?}", zk.watches());
+    assert!(!scratch[2].exists("started"));
+    // Either holder leaving now admits d.
+    scratch[1].touch("go");
+    b.wait().assert_code(0);
+    let (_, slot) = token_and_slot(&scratch[2]);
+    assert_eq!(slot, 1);
+    scratch[0].touch("go");
+    scratch[2].touch("go");
+    a.wait().assert_code(0);
+    d.wait().assert_code(0);
     assert!(zk.ephemerals().is_empty(), "left: {:?}", zk.ephemerals());
 }

@@ -7,23 +7,43 @@
 //! (its `create_revision`): etcd's revision counter is cluster-wide and only grows, so
 //! every later acquisition of `NAME` gets a larger one (while etcd keeps its data).
 //!
+//! **Semaphores** (`--slots N`): slot 0 is the key `PNAME` above, slot `i` ≥ 1 the key
+//! `PNAME#i` (lock names never contain `#`), each holder's key on its own lease; the
+//! value also records `"slot"` and `"slots"` (N). The fencing token is still the key's
+//! create revision: cluster-wide, so it grows over every slot. How a slot is taken (the
+//! lowest free one, a holder with another N refused, in the same transaction that puts
+//! the key) is in [`slots`]; with N = 1 it is one transaction, as for the plain lock.
+//! With N > 1 waiters queue, first come first served: an acquirer that finds the
+//! semaphore in use puts a waiter key `PNAME%ID` on its lease, and takes a free slot
+//! only when no earlier waiter is left without one.
+//!
 //! **Ownership** is "the key is attached to our lease". We choose the lease ID ourselves
 //! (63 random bits) before asking for the lease, so even an abandoned request (the
 //! driver's timeout) leaves nothing we could not revoke; an ID is unique while its lease
 //! lives. Every step:
-//! - acquire: grant the lease, then one transaction: if the key does not exist, put it
-//!   on the lease; else read it (busy: the lease is revoked again);
+//! - acquire: grant the lease, then one transaction: if no key of the name exists, put
+//!   slot 0 on the lease; else read them all (and with N > 1 queue), and take the
+//!   lowest free slot with a second transaction (a few tries while they change), or
+//!   answer busy (the lease is revoked again, unless it holds our waiter key: a waiter
+//!   tries again on it, after a keep-alive, so the server's lease still ends after the
+//!   TTL counted from before the call) or refuse a holder taken with another N;
 //! - renew: a keep-alive of the lease (one request, one reply; a reply with TTL ≤ 0 means
-//!   the lease is gone) side by side with a read-only transaction checking the key is
-//!   still on the lease (`release --force`, `etcdctl del`): either failing is a definite
-//!   loss;
+//!   the lease is gone) side by side with a read-only transaction checking our slot's key
+//!   is still on the lease (`release --force`, `etcdctl del`): either failing is a
+//!   definite loss;
 //! - release: revoking the lease deletes the key atomically if, and only if, it is still
-//!   attached to it: never another holder's (one request; a lease already gone answers
-//!   NotOwner, a key deleted by hand under a live lease goes unnoticed here: renewals
-//!   notice it); `--hold-at-least` instead moves the key, if still on our lease, to a new
-//!   lease of the time left (rounded up, so at least that long) and revokes ours;
-//! - `--wait`: a watch for the key's deletion from the revision of the busy read, so a
-//!   release (or expiry) between the read and the watch is not missed.
+//!   attached to it: never another holder's, and whatever slot an attempt whose answer
+//!   was lost took (one request; a lease already gone answers NotOwner, a key deleted by
+//!   hand under a live lease goes unnoticed here: renewals notice it); `--hold-at-least`
+//!   instead moves our slot's key, if still on our lease, to a new lease of the time left
+//!   (rounded up, so at least that long) and revokes ours;
+//! - `--wait`: a watch for a deletion from the revision of the busy read, so a release
+//!   (or expiry) between the read and the watch is not missed. A plain lock's waiters
+//!   watch its key: a release wakes them all and the first transaction wins, no queue.
+//!   A semaphore's waiter watches the waiter key just before its own (one waiter woken
+//!   per change of the queue), the first one every slot key (any slot freed), and each
+//!   keeps its lease alive meanwhile (a third of `--ttl`); a waiter that crashes leaves
+//!   the queue when its lease ends, one that gives up revokes it.
 //!
 //! **TTLs** are whole seconds in etcd and the server's lease starts at the grant, after
 //! lockrun sent the request and started counting: rounding the TTL up keeps the
@@ -36,7 +56,8 @@
 //! longest `--ttl`) is refused before it is granted, and a lock key found on no lease
 //! (lockrun never writes one: it was written by hand) is put on a new lease of a day by
 //! the busy answer or `status` that finds it. Release deletes the key with its lease;
-//! nothing else is kept per name (the fencing token is etcd's revision).
+//! a waiter's key is on its lease too; nothing else is kept per name (the fencing token
+//! is etcd's revision).
 //!
 //! The client talks to one member at a time, made lazily. After any error or abandoned
 //! call it is dropped and the next call uses the next member; a call whose connection
@@ -47,6 +68,8 @@
 mod errors;
 mod requests;
 mod rpc;
+mod slots;
+mod take;
 mod target;
 mod value;
 mod wire;
@@ -57,16 +80,18 @@ use std::time::Duration;
 use crate::backend::conn::{Connection, Slot};
 use crate::backend::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::config::BackendConfig;
-use errors::{describe, is_lease_not_found, never_sent};
+use errors::{describe, never_sent};
 use rpc::{Client, RpcError};
+use slots::SlotKeys;
 pub use target::{EtcdTarget, KIND};
-use value::{holder_value, new_lease_id};
-use wire::{Compare, RequestOp, TxnRequest};
+use wire::{Compare, TxnRequest};
 
 /// A lock backend on an etcd cluster.
 pub struct EtcdBackend {
     target: EtcdTarget,
     key_prefix: String,
+    /// `--slots`: how many may hold a name at once (1: a plain lock).
+    slots: u32,
     /// The client of one member. The slot's generation, modulo the number of members,
     /// is the member in use: each forgotten connection moves on to the next one.
     slot: Slot<EtcdConn>,
@@ -85,14 +110,25 @@ struct Local {
     lease: Option<OurLease>,
     /// The revision of the last read that found the lock busy (a watch starts after it).
     busy_revision: i64,
+    /// With `--slots` above 1, the key of the waiter just before us at that read: we
+    /// wait for its deletion (none: we come first, and wait for a slot to free).
+    next_ahead: Option<Vec<u8>>,
 }
 
 #[derive(Clone)]
 struct OurLease {
     token: String,
     id: i64,
+    /// `--ttl`: while we wait in the queue, the lease is kept alive this often (a third).
+    ttl: Duration,
+    /// The slot our key is, once taken (an attempt whose answer was lost never knows:
+    /// revoking the lease frees whatever it took).
+    slot: Option<u32>,
     /// The value we stored in the key (written again by `Release::KeepFor`).
     value: String,
+    /// With `--slots` above 1, while we wait: the revision our waiter key was created
+    /// at, our place in the queue.
+    queued: Option<i64>,
 }
 
 impl EtcdBackend {
@@ -101,6 +137,7 @@ impl EtcdBackend {
         EtcdBackend {
             target,
             key_prefix: config.key_prefix.clone(),
+            slots: config.slots.max(1),
             slot: Slot::default(),
             local: Mutex::new(Local::default()),
         }
@@ -110,8 +147,8 @@ impl EtcdBackend {
         self.local.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn key(&self, name: &str) -> String {
-        format!("{}{name}", self.key_prefix)
+    fn keys(&self, name: &str) -> SlotKeys {
+        SlotKeys::new(&self.key_prefix, name, self.slots)
     }
 
     /// Member number `member` (modulo their number) as `host:port`.
@@ -166,57 +203,39 @@ impl EtcdBackend {
 
 impl Backend for EtcdBackend {
     async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
-        self.drop_stale_lease().await?;
-        let key = self.key(name);
-        let ours = OurLease {
-            token: req.token.clone(),
-            id: new_lease_id(),
-            value: holder_value(req),
-        };
-        // Recorded before asking: an abandoned acquire is cleaned up by `release`.
-        self.local().lease = Some(ours.clone());
-        let id = ours.id;
-        self.grant(id, req.ttl).await?;
-        let take = TxnRequest {
-            compare: vec![Compare::created_at(&key, 0)],
-            success: vec![RequestOp::put(&key, &ours.value, id)],
-            failure: vec![RequestOp::range(&key)],
-        };
-        let reply = self.call(async |c| c.txn(take.clone()).await).await?;
-        let revision = reply.header.as_ref().map_or(0, |h| h.revision);
-        if reply.succeeded {
-            // The put's revision is the key's create_revision: the fencing token. An
-            // answer without one cannot be handed to the command as a token: give the
-            // lock back and refuse.
-            if let Some(fencing_token) = u64::try_from(revision).ok().filter(|r| *r > 0) {
-                return Ok(Acquire::Acquired {
-                    fencing_token,
-                    slot: 0,
-                });
+        let keys = self.keys(name);
+        // A waiter in the queue tries again on its lease, renewed first: the server's
+        // lease then ends after the TTL counted from before this call.
+        if let Some((id, since)) = self.waiting(&req.token) {
+            if self.keep_alive(id).await? {
+                return self.take_slot(&keys, req, id, Some(since)).await;
             }
-            let _ = self.revoke(id).await;
+            // Our lease ended while we waited (a stall longer than the TTL): queue again.
             self.local().lease = None;
-            return Err(BackendError::Refused(format!(
-                "etcd at {} took the lock without telling its revision (the fencing token)",
-                self.member()
-            )));
         }
-        self.busy(reply, revision, id).await
+        self.drop_stale_lease().await?;
+        let id = value::new_lease_id();
+        // Recorded before asking: an abandoned acquire is cleaned up by `release`.
+        self.local().lease = Some(OurLease {
+            token: req.token.clone(),
+            id,
+            ttl: req.ttl,
+            slot: None,
+            value: String::new(),
+            queued: None,
+        });
+        self.grant(id, req.ttl).await?;
+        self.take_slot(&keys, req, id, None).await
     }
 
     async fn renew(&self, name: &str, token: &str, _ttl: Duration) -> Result<(), BackendError> {
         // A keep-alive restores the TTL granted at acquire (the same `--ttl`).
-        let Some(ours) = self.our_lease(token) else {
+        let Some((ours, slot)) = self.our_slot(token) else {
             return Err(BackendError::NotOwner);
         };
-        let key = self.key(name);
+        let key = self.keys(name).key(slot);
         let id = ours.id;
-        let alive = self.call(async |c| match c.lease_keep_alive(id).await {
-            // TTL ≤ 0: the lease is gone.
-            Ok(ttl) => Ok(ttl > 0),
-            Err(e) if is_lease_not_found(&e) => Ok(false),
-            Err(e) => Err(e),
-        });
+        let alive = self.keep_alive(id);
         let check = TxnRequest {
             compare: vec![Compare::on_lease(&key, id)],
             ..TxnRequest::default()
@@ -235,61 +254,27 @@ impl Backend for EtcdBackend {
             return Err(BackendError::NotOwner);
         };
         self.local().lease = None;
-        match how {
+        match (how, ours.slot) {
             // Revoking deletes the key only if it is attached to our lease: a lock
-            // that is someone else's by now is on another lease and stays.
-            Release::Now => match self.revoke(ours.id).await? {
+            // that is someone else's by now is on another lease and stays. It frees
+            // whatever slot the lease holds, known or not.
+            (Release::Now, _) | (Release::KeepFor(_), None) => match self.revoke(ours.id).await? {
                 true => Ok(()),
                 false => Err(BackendError::NotOwner),
             },
-            Release::KeepFor(keep) => self.keep_for(&self.key(name), &ours, keep).await,
+            (Release::KeepFor(keep), Some(slot)) => {
+                self.keep_for(&self.keys(name).key(slot), &ours, keep).await
+            }
         }
     }
 
     async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
-        let one: Result<Option<Holder>, BackendError> = async {
-            match self.read(&self.key(name)).await? {
-                (Some(kv), _) => Ok(Some(self.live_holder(&kv).await?)),
-                (None, _) => Ok(None),
-            }
-        }
-        .await;
-        Ok(one?.into_iter().collect())
+        let (read, _) = self.read(&self.keys(name)).await?;
+        self.holders(read.held, true).await
     }
 
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
-        let one: Result<Option<Holder>, BackendError> = async {
-            let key = self.key(name);
-            // Delete exactly the lock that was read (if it changed meanwhile, read again),
-            // then revoke its lease so that its holder's next keep-alive fails too.
-            for _ in 0..3 {
-                let Some(kv) = self.read(&key).await?.0 else {
-                    return Ok(None);
-                };
-                let holder = self.holder(&kv).await?;
-                let delete = TxnRequest {
-                    compare: vec![Compare::created_at(&key, kv.create_revision)],
-                    success: vec![RequestOp::delete(&key)],
-                    failure: vec![],
-                };
-                let deleted = self
-                    .call(async |c| c.txn(delete.clone()).await)
-                    .await?
-                    .succeeded;
-                if deleted {
-                    if kv.lease != 0 {
-                        let _ = self.revoke(kv.lease).await;
-                    }
-                    return Ok(Some(holder));
-                }
-            }
-            Err(BackendError::Unavailable(format!(
-                "the lock at etcd {} kept changing while it was being broken; try again",
-                self.member()
-            )))
-        }
-        .await;
-        Ok(one?.into_iter().collect())
+        self.break_all(&self.keys(name)).await
     }
 
     async fn wait_for_release(
@@ -302,8 +287,7 @@ impl Backend for EtcdBackend {
         // deletion too, so the watch sees it.
         let slice = wait_slice(busy.ttl_left + Duration::from_secs(1), max);
         let deadline = tokio::time::Instant::now() + slice;
-        let after = self.local().busy_revision;
-        let watched = self.watch_deletion(&self.key(name), after, deadline).await;
+        let watched = self.wait_turn(&self.keys(name), deadline).await;
         if watched.is_err() {
             // Not a busy loop against a failing server: sit out the slice.
             tokio::time::sleep_until(deadline).await;
@@ -312,7 +296,17 @@ impl Backend for EtcdBackend {
     }
 
     async fn stop_waiting(&self, _name: &str) -> Result<(), BackendError> {
-        // A waiter is only a watch, gone with the call that made it.
+        // Leave the queue: revoking our lease deletes our waiter key. A plain lock's
+        // waiter is only a watch, gone with the call that made it.
+        let waiting = self
+            .local()
+            .lease
+            .as_ref()
+            .filter(|l| l.slot.is_none() && l.queued.is_some())
+            .map(|l| l.id);
+        if let Some(id) = waiting {
+            self.give_back(id).await;
+        }
         Ok(())
     }
 }

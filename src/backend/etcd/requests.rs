@@ -1,17 +1,26 @@
-//! The etcd backend's requests that take more than one step (lease grant, busy
-//! answer, revoke, reads, the `--hold-at-least` hand-over, the deletion watch), as
-//! methods of [`EtcdBackend`]. Part of [`super`].
+//! The etcd backend's requests that take more than one step (lease grant, keep-alive and
+//! revoke, reads of a name's keys and their holders, the `--hold-at-least` hand-over,
+//! a waiter's watch), as methods of [`EtcdBackend`]. Part of [`super`].
 
 use std::time::Duration;
 
+use futures_util::{StreamExt, TryStreamExt};
+
 use super::errors::is_lease_not_found;
+use super::slots::{Held, Read, SlotKeys};
 use super::value::{holder_from, lease_secs, new_lease_id, ttl_secs, MAX_LEASE};
 use super::wire::{
-    Compare, EventType, FilterType, KeyValue, PutRequest, Request, RequestOp, Response, TxnRequest,
-    TxnResponse, WatchCreateRequest,
+    Compare, EventType, FilterType, KeyValue, PutRequest, Request, RequestOp, TxnRequest,
+    WatchCreateRequest,
 };
 use super::{EtcdBackend, OurLease};
-use crate::backend::{Acquire, BackendError, Holder};
+use crate::backend::{BackendError, Holder};
+
+/// How many holders' leases are looked up at once (a semaphore may have 1000).
+const LOOKUPS_AT_ONCE: usize = 32;
+
+/// The shortest time between two keep-alives of a waiter's lease.
+const MIN_KEEP_ALIVE: Duration = Duration::from_millis(100);
 
 impl EtcdBackend {
     /// Revokes lease `id` (and so deletes the keys attached to it). False if the lease
@@ -25,9 +34,53 @@ impl EtcdBackend {
         .await
     }
 
+    /// One keep-alive of lease `id`: false if the lease is gone.
+    pub(super) async fn keep_alive(&self, id: i64) -> Result<bool, BackendError> {
+        self.call(async |c| match c.lease_keep_alive(id).await {
+            // TTL ≤ 0: the lease is gone.
+            Ok(ttl) => Ok(ttl > 0),
+            Err(e) if is_lease_not_found(&e) => Ok(false),
+            Err(e) => Err(e),
+        })
+        .await
+    }
+
+    /// Our lease for `token` and the revision it queued at, if it waits in the queue.
+    pub(super) fn waiting(&self, token: &str) -> Option<(i64, i64)> {
+        let ours = self.our_lease(token).filter(|l| l.slot.is_none())?;
+        Some((ours.id, ours.queued?))
+    }
+
+    /// Records that our lease `id` queued at `revision`.
+    pub(super) fn set_queued(&self, id: i64, revision: i64) {
+        if let Some(ours) = self.local().lease.as_mut().filter(|l| l.id == id) {
+            ours.queued = Some(revision);
+        }
+    }
+
     /// Our lease for `token`, if we have one.
     pub(super) fn our_lease(&self, token: &str) -> Option<OurLease> {
         self.local().lease.clone().filter(|l| l.token == token)
+    }
+
+    /// Our lease for `token` and the slot it holds, if it took one.
+    pub(super) fn our_slot(&self, token: &str) -> Option<(OurLease, u32)> {
+        let ours = self.our_lease(token)?;
+        let slot = ours.slot?;
+        Some((ours, slot))
+    }
+
+    /// Revokes lease `id` of an attempt that took nothing (every transaction answered
+    /// that it did not apply) and forgets it. A failed revoke is left to the lease's
+    /// expiry: nothing is on it.
+    pub(super) async fn give_back(&self, id: i64) {
+        {
+            let mut local = self.local();
+            if local.lease.as_ref().is_some_and(|l| l.id == id) {
+                local.lease = None;
+            }
+        }
+        let _ = self.revoke(id).await;
     }
 
     /// The holder stored in `kv`, with the time left on its lease (0 for a key on no
@@ -76,11 +129,35 @@ impl EtcdBackend {
         Ok(holder_from(&kv.value, kv.create_revision, ttl))
     }
 
-    /// The lock key as stored now, with the revision of the read.
-    pub(super) async fn read(&self, key: &str) -> Result<(Option<KeyValue>, i64), BackendError> {
-        let reply = self.call(async |c| c.range(key).await).await?;
+    /// Every slot key of the name (and the queue, if waiters queue) as stored now, with
+    /// the revision of the read.
+    pub(super) async fn read(&self, keys: &SlotKeys) -> Result<(Read, i64), BackendError> {
+        let end = keys.read_end();
+        let reply = self
+            .call(async |c| c.range(keys.start(), &end).await)
+            .await?;
         let revision = reply.header.map_or(0, |h| h.revision);
-        Ok((reply.kvs.into_iter().next(), revision))
+        Ok((keys.read(reply.kvs), revision))
+    }
+
+    /// The holders of `held`, by slot, with the time left on their leases; `live`: as
+    /// [`EtcdBackend::live_holder`] (a key on no lease is put on one).
+    pub(super) async fn holders(
+        &self,
+        held: Held,
+        live: bool,
+    ) -> Result<Vec<Holder>, BackendError> {
+        let lookups = held.into_iter().map(|(slot, kv)| async move {
+            let holder = match live {
+                true => self.live_holder(&kv).await?,
+                false => self.holder(&kv).await?,
+            };
+            Ok::<_, BackendError>(Holder { slot, ..holder })
+        });
+        futures_util::stream::iter(lookups)
+            .buffered(LOOKUPS_AT_ONCE)
+            .try_collect()
+            .await
     }
 
     /// Revokes a lease left from an earlier try that failed part-way (its transaction
@@ -97,15 +174,57 @@ impl EtcdBackend {
         Ok(())
     }
 
-    /// Waits for a DELETE of `key` after revision `after`; returns at `deadline`.
-    pub(super) async fn watch_deletion(
+    /// A waiter's turn may have come (or `deadline` passed): the waiter just before us
+    /// left the queue, or, when none is, a slot freed (of the plain lock: its key was
+    /// deleted), since the busy read. Meanwhile a waiter in the queue keeps its lease
+    /// alive: its waiter key lives on it.
+    pub(super) async fn wait_turn(
         &self,
-        key: &str,
+        keys: &SlotKeys,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), BackendError> {
+        let (after, next_ahead, queued) = {
+            let local = self.local();
+            let queued = local.lease.as_ref().filter(|l| l.queued.is_some());
+            let queued = queued.map(|l| (l.id, l.ttl));
+            (local.busy_revision, local.next_ahead.clone(), queued)
+        };
+        let (key, range_end) = match (next_ahead, keys.queued()) {
+            (Some(waiter), true) => (waiter, Vec::new()),
+            (_, true) => (keys.start().to_vec(), keys.end()),
+            (_, false) => (keys.start().to_vec(), Vec::new()),
+        };
+        let Some((id, ttl)) = queued else {
+            return self.watch_deletion(key, range_end, after, deadline).await;
+        };
+        let every = (ttl / 3).max(MIN_KEEP_ALIVE);
+        let keep_alive = async {
+            loop {
+                tokio::time::sleep(every).await;
+                // A lease that is gone ends the wait: the next acquire queues again.
+                if let Ok(false) = self.keep_alive(id).await {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            watched = self.watch_deletion(key, range_end, after, deadline) => watched,
+            () = keep_alive => Ok(()),
+        }
+    }
+
+    /// Waits for a DELETE of `key` (of the keys in `[key, range_end)`, if not empty)
+    /// after revision `after`; returns at `deadline`.
+    async fn watch_deletion(
+        &self,
+        key: Vec<u8>,
+        range_end: Vec<u8>,
         after: i64,
         deadline: tokio::time::Instant,
     ) -> Result<(), BackendError> {
         let create = WatchCreateRequest {
-            key: key.as_bytes().to_vec(),
+            key,
+            range_end,
             start_revision: after + 1,
             filters: vec![FilterType::NoPut as i32],
         };
@@ -172,32 +291,5 @@ impl EtcdBackend {
             )));
         }
         Ok(())
-    }
-
-    /// The lock was busy at `revision`: remember where a watch starts, give our lease
-    /// `id` back (it would expire anyway) and say who holds it.
-    pub(super) async fn busy(
-        &self,
-        reply: TxnResponse,
-        revision: i64,
-        id: i64,
-    ) -> Result<Acquire, BackendError> {
-        let kv = reply.responses.into_iter().find_map(|r| match r.response {
-            Some(Response::Range(read)) => read.kvs.into_iter().next(),
-            None => None,
-        });
-        {
-            let mut local = self.local();
-            local.busy_revision = revision;
-            local.lease = None;
-        }
-        let holder = async {
-            match &kv {
-                Some(kv) => self.live_holder(kv).await,
-                None => Ok(Holder::default()),
-            }
-        };
-        let (_, holder) = tokio::join!(self.revoke(id), holder);
-        Ok(Acquire::Busy(holder?))
     }
 }

@@ -104,10 +104,16 @@ impl Client {
         Ok(client)
     }
 
-    /// `KV.Range` of one key.
-    pub async fn range(&self, key: &str) -> Result<wire::RangeResponse, RpcError> {
+    /// `KV.Range` of the keys in `[key, range_end)` (`key` alone if `range_end` is
+    /// empty).
+    pub async fn range(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+    ) -> Result<wire::RangeResponse, RpcError> {
         let req = wire::RangeRequest {
-            key: key.as_bytes().to_vec(),
+            key: key.to_vec(),
+            range_end: range_end.to_vec(),
         };
         self.unary(path::RANGE, req).await
     }

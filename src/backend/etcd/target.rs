@@ -42,6 +42,10 @@ impl Target for EtcdTarget {
         // Waiting needs nothing up front: a watch is opened per wait.
         AnyBackend::new(EtcdBackend::new(self.clone(), config))
     }
+
+    fn semaphores(&self) -> bool {
+        true
+    }
 }
 
 /// Checks an `etcd://` URL; the context's password wins over the URL's.

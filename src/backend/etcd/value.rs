@@ -35,15 +35,21 @@ pub fn new_lease_id() -> i64 {
     i64::try_from(raw >> 1).unwrap_or(1).max(1)
 }
 
-/// The key's value: the token and who we are, for `status`.
-pub fn holder_value(req: &AcquireRequest) -> String {
+/// The key's value: the token and who we are, for `status`; with `--slots` above 1,
+/// also the slot and the N (`slots`) it was taken with. A plain lock's value has neither,
+/// as before semaphores (a holder without them is slot 0 of 1).
+pub fn holder_value(req: &AcquireRequest, slot: u32, slots: u32) -> String {
     let since_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    serde_json::json!({
+    let mut v = serde_json::json!({
         "token": req.token, "host": req.host, "pid": req.pid, "since_ms": since_ms,
-    })
-    .to_string()
+    });
+    if slots > 1 {
+        v["slot"] = slot.into();
+        v["slots"] = slots.into();
+    }
+    v.to_string()
 }
 
 /// Reads a holder from a key's value (anything but our JSON gives empty fields).
@@ -96,13 +102,19 @@ mod tests {
             host: "web1".into(),
             pid: 4242,
         };
-        let h = holder_from(holder_value(&req).as_bytes(), 77, 12);
+        let plain = holder_value(&req, 0, 1);
+        let h = holder_from(plain.as_bytes(), 77, 12);
         assert_eq!(
             (h.host.as_str(), h.pid, h.fencing_token),
             ("web1", 4242, 77)
         );
         assert_eq!(h.ttl_left, Duration::from_secs(12));
         assert!(h.since_ms > 1_600_000_000_000);
+        // A plain lock's value is what it was before semaphores.
+        assert!(!plain.contains("slot"), "{plain}");
+        assert_eq!((h.slot, h.slots), (0, 1));
+        let h = holder_from(holder_value(&req, 2, 5).as_bytes(), 78, 12);
+        assert_eq!((h.slot, h.slots, h.pid), (2, 5, 4242));
         let foreign = holder_from(b"not json", 5, -1);
         assert_eq!((foreign.host.as_str(), foreign.pid), ("", 0));
         assert_eq!(foreign.ttl_left, Duration::ZERO);

@@ -5,11 +5,12 @@
 //! Field numbers and types are those of etcd's `api/etcdserverpb/rpc.proto` and
 //! `api/mvccpb/kv.proto` (github.com/etcd-io/etcd, main of 2026; etcd 3.4 has the same
 //! numbers for every field here, in `etcdserver/etcdserverpb/rpc.proto` and
-//! `mvcc/mvccpb/kv.proto`; the newest of them, the `LEASE` compare target, came with
-//! etcd 3.3, so 3.3 is the oldest etcd lockrun can use). Only the fields lockrun uses are
-//! declared: a field left out is one lockrun never sets (the server reads it as its
-//! default, as it would from any client that leaves it unset) or never reads (decoding
-//! skips unknown fields, as protobuf requires). The tests below encode each family of
+//! `mvcc/mvccpb/kv.proto`; the newest of them, the `LEASE` compare target and the
+//! `range_end` of a compare, came with etcd 3.3, so 3.3 is the oldest etcd lockrun can
+//! use). Only the fields lockrun uses are declared: a field left out is one lockrun
+//! never sets (the server reads it as its default, as it would from any client that
+//! leaves it unset) or never reads (decoding skips unknown fields, as protobuf
+//! requires). The tests below encode each family of
 //! messages and compare the bytes with encodings worked out by hand, so a wrong field
 //! number or type fails here rather than against a server.
 //!
@@ -81,11 +82,14 @@ pub struct ResponseHeader {
     pub revision: i64,
 }
 
-/// `RangeRequest` of one key (no `range_end`).
+/// `RangeRequest` of one key, or of the keys in `[key, range_end)`.
 #[derive(Clone, PartialEq, Message)]
 pub struct RangeRequest {
     #[prost(bytes = "vec", tag = "1")]
     pub key: Vec<u8>,
+    /// The end of the range, excluded; empty: `key` alone.
+    #[prost(bytes = "vec", tag = "2")]
+    pub range_end: Vec<u8>,
 }
 
 /// `RangeResponse`.
@@ -130,13 +134,18 @@ pub struct Compare {
     /// The value compared with; its variant must match `target`.
     #[prost(oneof = "TargetUnion", tags = "5, 6, 8")]
     pub target_union: Option<TargetUnion>,
+    /// With it, the condition must hold for every key in `[key, range_end)`; a range
+    /// holding no key compares as one absent key (revisions 0). Empty: `key` alone.
+    #[prost(bytes = "vec", tag = "64")]
+    pub range_end: Vec<u8>,
 }
 
-/// `Compare.CompareResult` (only the comparison lockrun makes).
+/// `Compare.CompareResult` (only the comparisons lockrun makes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Enumeration)]
 #[repr(i32)]
 pub enum CompareResult {
     Equal = 0,
+    Less = 2,
 }
 
 /// `Compare.CompareTarget`. Every enum here starts with its 0 value, even unused:
@@ -238,21 +247,46 @@ impl Compare {
         Compare::equal(key, CompareTarget::Lease, TargetUnion::Lease(lease))
     }
 
+    /// No key in `[key, range_end)` exists.
+    pub fn none_in(key: impl AsRef<[u8]>, range_end: impl AsRef<[u8]>) -> Compare {
+        Compare {
+            range_end: range_end.as_ref().to_vec(),
+            ..Compare::created_at(key, 0)
+        }
+    }
+
+    /// Every key in `[key, range_end)` was last changed before `revision` (none was
+    /// created or changed since a read at `revision - 1`).
+    pub fn unchanged_in(
+        key: impl AsRef<[u8]>,
+        range_end: impl AsRef<[u8]>,
+        revision: i64,
+    ) -> Compare {
+        Compare {
+            result: CompareResult::Less as i32,
+            range_end: range_end.as_ref().to_vec(),
+            ..Compare::modified_at(key, revision)
+        }
+    }
+
     fn equal(key: impl AsRef<[u8]>, target: CompareTarget, value: TargetUnion) -> Compare {
         Compare {
             result: CompareResult::Equal as i32,
             target: target as i32,
             key: key.as_ref().to_vec(),
             target_union: Some(value),
+            range_end: Vec::new(),
         }
     }
 }
 
 impl RequestOp {
-    /// Reads `key`.
-    pub fn range(key: impl AsRef<[u8]>) -> RequestOp {
-        let key = key.as_ref().to_vec();
-        RequestOp::from(Request::Range(RangeRequest { key }))
+    /// Reads the keys in `[key, range_end)` (`key` alone if `range_end` is empty).
+    pub fn range_of(key: impl AsRef<[u8]>, range_end: impl AsRef<[u8]>) -> RequestOp {
+        RequestOp::from(Request::Range(RangeRequest {
+            key: key.as_ref().to_vec(),
+            range_end: range_end.as_ref().to_vec(),
+        }))
     }
 
     /// Writes `value` to `key`, attached to lease `lease`.
@@ -356,11 +390,14 @@ pub enum RequestUnion {
     CreateRequest(WatchCreateRequest),
 }
 
-/// `WatchCreateRequest` of one key.
+/// `WatchCreateRequest` of one key, or of the keys in `[key, range_end)`.
 #[derive(Clone, PartialEq, Message)]
 pub struct WatchCreateRequest {
     #[prost(bytes = "vec", tag = "1")]
     pub key: Vec<u8>,
+    /// The end of the range, excluded; empty: `key` alone.
+    #[prost(bytes = "vec", tag = "2")]
+    pub range_end: Vec<u8>,
     /// The first revision to report (inclusive).
     #[prost(int64, tag = "3")]
     pub start_revision: i64,

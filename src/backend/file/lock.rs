@@ -1,5 +1,5 @@
 //! Linux open-file-description locks (`F_OFD_SETLK`, `F_OFD_SETLKW`, `F_OFD_GETLK`) on
-//! two bytes of a lock file. Part of [`super`]; depends on `nix` only.
+//! bytes of a lock file. Part of [`super`]; depends on `nix` only.
 //!
 //! OFD locks belong to the open file, not to the process: two opens conflict even in
 //! one process (a waiter thread and the acquiring code stay apart), they never pass to
@@ -8,9 +8,10 @@
 //! lockrun killed by SIGKILL frees its lock at once. They may lie beyond the end of
 //! the file; the bytes need not exist.
 //!
-//! - [`Byte::Holder`] (byte 0) is the lock itself, held by the holder's lockrun while
-//!   its command runs. `status` only asks who has it (`F_OFD_GETLK`), so it never
-//!   takes it from a run.
+//! - [`Byte::Slot`] is the lock itself, held by the holder's lockrun while its command
+//!   runs: slot 0 (a plain lock) is byte 0, as it always was; slot `i` >= 1 of a
+//!   semaphore (`--slots N`, at most [`crate::backend::MAX_SLOTS`]) is byte `2 + i`.
+//!   `status` only asks who has them (`F_OFD_GETLK`), so it never takes one from a run.
 //! - [`Byte::Record`] (byte 1) guards the record for a moment: a writer (the holder
 //!   writing its record, `release --force` replacing the file) takes it exclusively,
 //!   a reader shared, so no reader sees half a record and no counter update can slip
@@ -18,6 +19,9 @@
 //!   It is only ever held for a read or a write and an fsync, and asked for without
 //!   blocking, again after a short sleep (so a stopped process holding it cannot hang
 //!   a lockrun: the caller's timeout still runs).
+//! - [`Byte::Line`] (byte 2) is the head of the line of a semaphore's waiters: each
+//!   waiter asks for it with `F_OFD_SETLKW` in a thread of its own, and the kernel
+//!   grants it to one at a time, in the order they asked (see `line.rs`).
 
 use std::fs::File;
 use std::time::Duration;
@@ -29,10 +33,25 @@ use nix::libc;
 /// Which byte of the lock file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Byte {
-    /// Byte 0: the lock a holder keeps while its command runs.
-    Holder,
+    /// The lock a holder of this slot keeps while its command runs: byte 0 for slot 0
+    /// (a plain lock), byte `2 + i` for slot `i` >= 1.
+    Slot(u32),
     /// Byte 1: the record's guard, held for a read or a write.
     Record,
+    /// Byte 2: the head of the line of a semaphore's waiters.
+    Line,
+}
+
+impl Byte {
+    /// The byte's offset in the file.
+    pub fn offset(self) -> i64 {
+        match self {
+            Byte::Slot(0) => 0,
+            Byte::Record => 1,
+            Byte::Line => 2,
+            Byte::Slot(i) => 2 + i64::from(i),
+        }
+    }
 }
 
 /// The kind of lock asked for.
@@ -55,10 +74,7 @@ fn request(byte: Byte, kind: Kind) -> libc::flock {
     libc::flock {
         l_type: l_type as libc::c_short,
         l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: match byte {
-            Byte::Holder => 0,
-            Byte::Record => 1,
-        },
+        l_start: byte.offset(),
         l_len: 1,
         // Must be 0 for OFD locks.
         l_pid: 0,
@@ -75,7 +91,12 @@ pub fn try_lock(file: &File, byte: Byte, kind: Kind) -> Result<bool, Errno> {
     }
 }
 
-/// Takes `byte` exclusively, waiting as long as it takes (a waiter's own thread).
+/// Takes `byte` exclusively, waiting as long as it takes (a waiter's own thread). The
+/// kernel serves the waiters of one byte in the order they asked: a new request that
+/// conflicts with one already waiting waits behind it, and a release wakes only the
+/// first (`__locks_insert_block` in Linux's `fs/locks.c`, since Linux 5.0); only an
+/// `F_OFD_SETLK` that comes between the release and the woken waiter's retry can pass
+/// it.
 pub fn lock_waiting(file: &File, byte: Byte) -> Result<(), Errno> {
     loop {
         match fcntl(file, FcntlArg::F_OFD_SETLKW(&request(byte, Kind::Write))) {
@@ -128,17 +149,40 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l");
         let (a, b) = (open(&path), open(&path));
-        assert!(try_lock(&a, Byte::Holder, Kind::Write).unwrap());
-        assert!(is_locked(&b, Byte::Holder).unwrap());
-        assert!(!try_lock(&b, Byte::Holder, Kind::Write).unwrap());
+        assert!(try_lock(&a, Byte::Slot(0), Kind::Write).unwrap());
+        assert!(is_locked(&b, Byte::Slot(0)).unwrap());
+        assert!(!try_lock(&b, Byte::Slot(0), Kind::Write).unwrap());
         // The two bytes are independent.
         assert!(!is_locked(&b, Byte::Record).unwrap());
         assert!(try_lock(&b, Byte::Record, Kind::Read).unwrap());
         assert!(!try_lock(&a, Byte::Record, Kind::Write).unwrap());
         assert!(try_lock(&b, Byte::Record, Kind::Unlock).unwrap());
         drop(a);
-        assert!(!is_locked(&b, Byte::Holder).unwrap());
-        assert!(try_lock(&b, Byte::Holder, Kind::Write).unwrap());
+        assert!(!is_locked(&b, Byte::Slot(0)).unwrap());
+        assert!(try_lock(&b, Byte::Slot(0), Kind::Write).unwrap());
+    }
+
+    #[test]
+    fn every_slot_has_a_byte_of_its_own_and_slot_0_is_byte_0() {
+        let offsets: Vec<i64> = [
+            Byte::Slot(0),
+            Byte::Record,
+            Byte::Line,
+            Byte::Slot(1),
+            Byte::Slot(999),
+        ]
+        .iter()
+        .map(|b| b.offset())
+        .collect();
+        assert_eq!(offsets, [0, 1, 2, 3, 1001]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l");
+        let (a, b) = (open(&path), open(&path));
+        assert!(try_lock(&a, Byte::Slot(1), Kind::Write).unwrap());
+        assert!(is_locked(&b, Byte::Slot(1)).unwrap());
+        for other in [Byte::Slot(0), Byte::Record, Byte::Line, Byte::Slot(2)] {
+            assert!(!is_locked(&b, other).unwrap(), "{other:?}");
+        }
     }
 
     #[test]
@@ -146,10 +190,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l");
         let a = open(&path);
-        assert!(try_lock(&a, Byte::Holder, Kind::Write).unwrap());
+        assert!(try_lock(&a, Byte::Slot(0), Kind::Write).unwrap());
         let b = open(&path);
         let waiter = std::thread::spawn(move || {
-            lock_waiting(&b, Byte::Holder).unwrap();
+            lock_waiting(&b, Byte::Slot(0)).unwrap();
             b
         });
         std::thread::sleep(Duration::from_millis(50));
@@ -157,8 +201,8 @@ mod tests {
         drop(a);
         let b = waiter.join().unwrap();
         let c = open(&path);
-        assert!(is_locked(&c, Byte::Holder).unwrap());
+        assert!(is_locked(&c, Byte::Slot(0)).unwrap());
         drop(b);
-        assert!(!is_locked(&c, Byte::Holder).unwrap());
+        assert!(!is_locked(&c, Byte::Slot(0)).unwrap());
     }
 }

@@ -55,9 +55,16 @@ impl LockFile {
     /// Reads and parses the record. A file that is not lockrun's is refused (never
     /// overwritten, so no counter is ever reset).
     pub fn read(&self) -> Result<Record, BackendError> {
-        let mut buf = vec![0u8; MAX_LEN + 1];
+        // Most records take one block: start small, grow up to one byte past the limit.
+        let mut buf = vec![0u8; 4096];
         let mut len = 0;
-        while len < buf.len() {
+        loop {
+            if len == buf.len() {
+                if len > MAX_LEN {
+                    break;
+                }
+                buf.resize((len * 4).min(MAX_LEN + 1), 0);
+            }
             match self.file.read_at(&mut buf[len..], len as u64) {
                 Ok(0) => break,
                 Ok(n) => len += n,
@@ -72,6 +79,19 @@ impl LockFile {
                  directory for lockrun's locks",
                 self.shown
             ))
+        })
+    }
+
+    /// Another descriptor of the same open file: a lock taken through it is this
+    /// file's (it is let go of when the last descriptor closes), so it can take the
+    /// record's guard for a holder whose own descriptor stays in the backend's table.
+    pub fn dup(&self) -> Result<LockFile, BackendError> {
+        Ok(LockFile {
+            file: self.file.try_clone().map_err(|e| self.io(&e))?,
+            id: self.id,
+            created: false,
+            shown: self.shown.clone(),
+            len: Cell::new(self.len.get()),
         })
     }
 

@@ -9,10 +9,11 @@
 //!
 //! **Files**: lock `NAME` under `--key-prefix P` is the file `DIR/ENC(P)=ENC(NAME)`
 //! (`name.rs`: one file per pair, never hidden, never a path), holding a small text
-//! record (`record.rs`): the fencing counter and the holder (token, host, pid, start,
-//! TTL, `--hold-at-least` end). DIR is created if missing (0700); DIR and the files in
-//! it are refused unless they are safe from other users (`dir.rs`). Each lock file
-//! stays once made: one small file per name ever used.
+//! record (`record.rs`): the fencing counter and the holders (token, host, pid, start,
+//! TTL, `--hold-at-least` end, and for a semaphore slot and fencing token). DIR is
+//! created if missing (0700); DIR and the files in it are refused unless they are safe
+//! from other users (`dir.rs`). Each lock file stays once made: one small file per name
+//! ever used, semaphore or not.
 //!
 //! **The lock** is an open-file-description lock on byte 0 of the file (`lock.rs`): the
 //! kernel frees it when the holder's lockrun closes the file or dies, even by SIGKILL
@@ -56,18 +57,36 @@
 //!
 //! **`--wait`** (`waiter.rs`): a thread blocks in `F_OFD_SETLKW` on the busy file and
 //! keeps the lock once the kernel grants it, for the next acquire to take: a release or
-//! a crash wakes a waiter at once, without polling. Waiters are not served first come
-//! first served (the kernel wakes them all; the first to run wins). Every wait slice
-//! ([`wait_slice`]: at most 2 s) the waiter checks that the file it waits on is still
-//! the lock's, and waits for a `--hold-at-least` by sleeping.
+//! a crash wakes a waiter at once, without polling. The kernel serves the waiters of a
+//! byte first come first served; a lockrun that does not wait may still take the lock
+//! between a release and the first waiter's grant. Every wait slice ([`wait_slice`]: at
+//! most 2 s) the waiter checks that the file it waits on is still the lock's, and waits
+//! for a `--hold-at-least` by sleeping.
+//!
+//! **Semaphores** (`--slots N`, N > 1; `slots.rs`): still one file per name, one record
+//! and one fencing counter, so tokens increase over every slot. Slot 0 is byte 0, the
+//! very lock of a plain lock; slot `i` >= 1 is byte `2 + i` (`lock.rs`). The record
+//! (format 2 while a semaphore has holders) lists the holders by slot, each with its
+//! own token, and the N they were taken with: under the record's guard an acquire
+//! takes the lowest slot whose byte is free and that no hold keeps, and refuses (125)
+//! live holders of another N (a plain lock's holder, or an old record, has N = 1, and
+//! an older lockrun refuses a format 2 record). A crashed holder's slot is free at once,
+//! as a plain lock is. Holders renew, release and keep (`--hold-at-least`) their own
+//! slot, rewriting only their own line; a holder that does not find its line where a
+//! read beside another's write may have torn the record looks again under the guard.
+//! `status` and `release --force` cover every slot (a forced release replaces the file:
+//! every holder finds out at its next renewal). Waiters stand in a line (`line.rs`):
+//! first come first served, the head alone woken (by inotify) when a slot frees.
 
 mod acquire;
 mod crashed;
 mod dir;
+mod line;
 mod lock;
 mod lockfile;
 mod name;
 mod record;
+mod slots;
 mod target;
 mod waiter;
 
@@ -82,7 +101,8 @@ use crate::backend::{
 use crate::config::BackendConfig;
 use acquire::{read_guarded, Attempt};
 use dir::{LockDir, Open};
-use lock::{is_locked, lock_record, Byte, Kind};
+use line::Line;
+use lock::{lock_record, try_lock, Byte, Kind};
 use lockfile::LockFile;
 use record::{storable_token, Record};
 pub use target::{FileTarget, KIND};
@@ -96,6 +116,8 @@ const TRIES: usize = 8;
 pub struct FileBackend {
     path: PathBuf,
     key_prefix: String,
+    /// `--slots`: 1 for a plain lock.
+    slots: u32,
     /// The directory, once opened and checked.
     dir: Mutex<Option<Arc<LockDir>>>,
     local: Mutex<Local>,
@@ -107,14 +129,19 @@ struct Local {
     held: HashMap<String, Held>,
     /// The file the last busy answer found locked, for a waiter to wait on.
     busy: HashMap<String, LockFile>,
+    /// A plain lock's waiters (byte 0).
     waiters: HashMap<String, Waiter>,
+    /// A semaphore's waiters (the line's byte).
+    lines: HashMap<String, Line>,
 }
 
-/// A lock we hold: the open file whose byte 0 is ours.
+/// A lock we hold: the open file whose slot byte is ours.
 struct Held {
     token: String,
     lock: LockFile,
+    /// The record we wrote (a plain lock's: nobody else writes it while we hold it).
     record: Record,
+    slot: u32,
 }
 
 impl FileBackend {
@@ -123,6 +150,7 @@ impl FileBackend {
         FileBackend {
             path,
             key_prefix: config.key_prefix.clone(),
+            slots: config.slots.max(1),
             dir: Mutex::new(None),
             local: Mutex::new(Local::default()),
         }
@@ -163,20 +191,48 @@ impl FileBackend {
         })
     }
 
-    /// Checks that `held` is still the lock: the directory and the file at its path are
-    /// the ones we locked, and the record holds our token. Anything else is a definite
-    /// loss ([`BackendError::NotOwner`]); an I/O error may pass.
-    fn check_ours(&self, file_name: &str, held: &Held) -> Result<(), BackendError> {
+    /// Checks that `lock` (held with `token` on `slot`) is still the lock: the
+    /// directory and the file at its path are the ones we locked, and the record
+    /// (`read`) holds our token. Anything else is a definite loss
+    /// ([`BackendError::NotOwner`]); an I/O error may pass.
+    fn check_ours(
+        &self,
+        file_name: &str,
+        lock: &LockFile,
+        (token, slot): (&str, u32),
+        read: impl FnOnce() -> Result<Record, BackendError>,
+    ) -> Result<(), BackendError> {
         let dir = self.dir(false)?.ok_or(BackendError::NotOwner)?;
-        if !dir.still_at_path()? || !dir.is_current(file_name, &held.lock)? {
+        if !dir.still_at_path()? || !dir.is_current(file_name, lock)? {
             return Err(BackendError::NotOwner);
         }
-        match held.lock.read() {
-            Ok(r) if r.holder.as_ref().is_some_and(|h| h.token == held.token) => Ok(()),
+        match read() {
+            Ok(r) if r.entry(slot).is_some_and(|h| h.token == token) => Ok(()),
             Ok(_) | Err(BackendError::Refused(_)) | Err(BackendError::NotOwner) => {
                 Err(BackendError::NotOwner)
             }
             Err(e @ BackendError::Unavailable(_)) => Err(e),
+        }
+    }
+
+    /// [`Self::check_ours`] of `lock`, read without the record's guard: a plain
+    /// lock's record is written by its holder only. A semaphore's is written by the
+    /// other holders too, and a read beside their write may find it torn; that can
+    /// hide our line, never make one up (nobody else writes our token, and a checksum
+    /// guards the list), so only a record without our token is read again, under
+    /// the guard (which a lockrun stopped while it had it could keep for long).
+    async fn check_held(
+        &self,
+        file_name: &str,
+        lock: &LockFile,
+        ours: (&str, u32),
+    ) -> Result<(), BackendError> {
+        match self.check_ours(file_name, lock, ours, || lock.read()) {
+            Err(BackendError::NotOwner) if self.slots > 1 => {
+                let record = read_guarded(lock).await;
+                self.check_ours(file_name, lock, ours, || record)
+            }
+            other => other,
         }
     }
 
@@ -220,6 +276,9 @@ impl Backend for FileBackend {
         }
         let file_name = self.file_name(name)?;
         let dir = self.dir_for_lock()?;
+        if self.slots > 1 {
+            return self.acquire_slot(name, &file_name, &dir, req).await;
+        }
         for _ in 0..TRIES {
             let Some(file) = dir.open_lock(&file_name, Open::Create)? else {
                 continue;
@@ -248,40 +307,59 @@ impl Backend for FileBackend {
         // Nothing to extend: the kernel's lock lasts while we hold the file open. The
         // check is what renewing means here.
         let file_name = self.file_name(name)?;
-        let local = self.local();
-        match local.held.get(name) {
-            Some(held) if held.token == token => self.check_ours(&file_name, held),
-            _ => Err(BackendError::NotOwner),
-        }
+        let (lock, slot) = {
+            let local = self.local();
+            let Some(held) = local.held.get(name).filter(|h| h.token == token) else {
+                return Err(BackendError::NotOwner);
+            };
+            let lock = &held.lock;
+            match self.check_ours(&file_name, lock, (token, held.slot), || lock.read()) {
+                // As in `check_held`, through another descriptor: ours stays in the
+                // table (a renewal cut short by its timeout must not close it).
+                Err(BackendError::NotOwner) if self.slots > 1 => (lock.dup()?, held.slot),
+                other => return other,
+            }
+        };
+        let record = read_guarded(&lock).await;
+        self.check_ours(&file_name, &lock, (token, slot), || record)
     }
 
     async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
         let file_name = self.file_name(name)?;
+        // The token names the slot: a lockrun holds one slot of a name at most, and
+        // only through a file it keeps open (an acquire cut short closes it, letting
+        // go of whatever it took), so no other slot can hold this token.
         let held = self.take_held(name, token)?;
         // Closing `held` (at the end, whatever happens) lets go of the kernel's lock.
-        match (how, self.check_ours(&file_name, &held)) {
+        let checked = self
+            .check_held(&file_name, &held.lock, (token, held.slot))
+            .await;
+        match (how, checked) {
             (_, Err(BackendError::NotOwner)) => Err(BackendError::NotOwner),
             (Release::Now, _) => {
                 // Not needed for the lock (closing frees it), so best effort: `status`
-                // and the next holder see a record without a holder.
-                let free = Record {
-                    holder: None,
-                    ..held.record.clone()
-                };
+                // and the next holder see a record without us.
                 if lock_record(held.lock.file(), Kind::Write).await.is_ok() {
-                    let _ = held.lock.write(&free);
+                    if let Ok(mut free) = self.current_record(&held) {
+                        free.holders.retain(|h| h.slot != held.slot);
+                        let _ = held.lock.write(&free);
+                    }
+                    // The slot's byte before the file: a head of the line woken by
+                    // the close finds the slot free.
+                    let _ = try_lock(held.lock.file(), Byte::Slot(held.slot), Kind::Unlock);
                 }
                 Ok(())
             }
             (Release::KeepFor(_), Err(e)) => Err(e),
             (Release::KeepFor(keep), Ok(())) => {
-                let mut kept = held.record.clone();
-                if let Some(h) = kept.holder.as_mut() {
-                    h.hold_until_ms = now_ms().saturating_add(millis(keep.min(MAX_LEASE)) + 1);
-                }
                 lock_record(held.lock.file(), Kind::Write)
                     .await
                     .map_err(|e| held.lock.io(&e.into()))?;
+                let mut kept = self.current_record(&held)?;
+                let until = now_ms().saturating_add(millis(keep.min(MAX_LEASE)) + 1);
+                for h in kept.holders.iter_mut().filter(|h| h.slot == held.slot) {
+                    h.hold_until_ms = until;
+                }
                 held.lock.write(&kept)?;
                 held.lock.sync()
             }
@@ -289,60 +367,11 @@ impl Backend for FileBackend {
     }
 
     async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
-        let one: Result<Option<Holder>, BackendError> = async {
-            let file_name = self.file_name(name)?;
-            let Some(dir) = self.dir(false)? else {
-                return Ok(None);
-            };
-            let Some(file) = dir.open_lock(&file_name, Open::Read)? else {
-                return Ok(None);
-            };
-            let locked = is_locked(file.file(), Byte::Holder).map_err(|e| file.io(&e.into()))?;
-            let record = read_guarded(&file).await?;
-            Ok(record.holder(locked, now_ms()))
-        }
-        .await;
-        Ok(one?.into_iter().collect())
+        self.holders_now(name).await
     }
 
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
-        let one: Result<Option<Holder>, BackendError> = async {
-            let file_name = self.file_name(name)?;
-            let Some(dir) = self.dir(false)? else {
-                return Ok(None);
-            };
-            for _ in 0..TRIES {
-                let Some(file) = dir.open_lock(&file_name, Open::Write)? else {
-                    return Ok(None);
-                };
-                // Under the guard no acquirer is between its check of the file and its
-                // counter's write: the counter read here is the last one handed out.
-                lock_record(file.file(), Kind::Write)
-                    .await
-                    .map_err(|e| file.io(&e.into()))?;
-                if !dir.is_current(&file_name, &file)? {
-                    continue;
-                }
-                let locked =
-                    is_locked(file.file(), Byte::Holder).map_err(|e| file.io(&e.into()))?;
-                let record = file.read()?;
-                let Some(holder) = record.holder(locked, now_ms()) else {
-                    return Ok(None);
-                };
-                let free = Record {
-                    holder: None,
-                    ..record.clone()
-                };
-                dir.replace(&file_name, &free)?;
-                return Ok(Some(holder));
-            }
-            Err(BackendError::Unavailable(format!(
-                "the lock file {} kept being replaced; try again",
-                dir.show(&file_name)
-            )))
-        }
-        .await;
-        Ok(one?.into_iter().collect())
+        self.break_every_slot(name).await
     }
 
     async fn wait_for_release(
@@ -352,13 +381,17 @@ impl Backend for FileBackend {
         max: Duration,
     ) -> Result<(), BackendError> {
         let slice = wait_slice(busy.ttl_left, max);
+        if self.slots > 1 {
+            self.wait_in_line(name, slice).await;
+            return Ok(());
+        }
         let signal = {
             let mut local = self.local();
             if let Some(file) = local.busy.remove(name) {
                 let queued = local.waiters.get(name).is_some_and(|w| w.id() == file.id());
                 if !queued {
                     // No thread (a process limit): the slices below still re-check.
-                    if let Ok(waiter) = Waiter::start(file) {
+                    if let Ok(waiter) = Waiter::start(file, Byte::Slot(0)) {
                         local.waiters.insert(name.to_owned(), waiter);
                     }
                 }
@@ -380,8 +413,24 @@ impl Backend for FileBackend {
     async fn stop_waiting(&self, name: &str) -> Result<(), BackendError> {
         let mut local = self.local();
         local.busy.remove(name);
-        // Dropping the waiter lets go of a lock granted to it.
+        // Dropping the waiter lets go of a lock granted to it, and of our place in a
+        // semaphore's line.
         local.waiters.remove(name);
+        local.lines.remove(name);
         Ok(())
+    }
+}
+
+impl FileBackend {
+    /// The record `held`'s file has now, for its holder to write back without itself
+    /// (or with its hold): a plain lock's is the one it wrote (nobody else writes it
+    /// while it holds the lock); a semaphore's is read (the other holders write it).
+    /// The caller holds the record's guard.
+    fn current_record(&self, held: &Held) -> Result<Record, BackendError> {
+        if self.slots == 1 {
+            Ok(held.record.clone())
+        } else {
+            held.lock.read()
+        }
     }
 }

@@ -1,8 +1,11 @@
-//! What a lock file holds: a small text record with the fencing counter and, while a
-//! lockrun holds the lock (or keeps it for `--hold-at-least`), its holder. Written
+//! What a lock file holds: a small text record with the fencing counter and the lock's
+//! holders (a lockrun holding a slot, or keeping it for `--hold-at-least`). Written
 //! whole at offset 0; parsed strictly, so that a file that is not lockrun's is
 //! refused, never taken over (its counter never reset). Part of [`super`]; depends on
 //! [`crate::backend::Holder`] only.
+//!
+//! A plain lock (`--slots 1`), and every lock without a holder, is written in format 1,
+//! as lockrun always wrote it:
 //!
 //! ```text
 //! lockrun lock file 1
@@ -17,28 +20,64 @@
 //! hold_until_ms 0          (0, or the end of --hold-at-least, wall clock)
 //! ```
 //!
+//! The six holder lines are all there or none (a released or broken lock keeps only
+//! its counter); the holder has slot 0 of 1, and its fencing token is the counter. An
+//! empty file is a lock file whose creator died before writing it: counter 0, no
+//! holder.
+//!
+//! A semaphore with holders (`--slots N`, N > 1) is written in format 2: the same
+//! counter lines, the N its holders were taken with, one line per holder (by slot,
+//! with its own fencing token), and a checksum (FNV-1a, 64 bits) of everything above
+//! it:
+//!
+//! ```text
+//! lockrun lock file 2
+//! fencing_token 44
+//! reserved_through 1065
+//! boot_id 5c1f...
+//! slots 3
+//! holder slot=0 fencing_token=42 token=5f0c... host=web-1 pid=1234 since_ms=... ttl_ms=30000 hold_until_ms=0
+//! holder slot=2 fencing_token=44 token=9a1b... host=web-1 pid=1240 since_ms=... ttl_ms=30000 hold_until_ms=0
+//! end 8c2e61d0a7f3b415
+//! ```
+//!
+//! An older lockrun refuses a format 2 file (its first line is not the one it knows),
+//! so it never takes a slot of a semaphore as a plain lock; once the last holder has
+//! released, the record is format 1 again.
+//!
 //! `reserved_through` is durable (fsynced) before any token up to it is handed out;
 //! `fencing_token` is written without an fsync while the boot it names lasts (the page
 //! cache keeps it for every process of that boot). See [`Record::next_token`].
 //!
-//! The six holder lines are all there or none (a released or broken lock keeps only
-//! its counter). An empty file is a lock file whose creator died before writing it:
-//! counter 0, no holder.
-//!
 //! A record is padded to a multiple of 512 bytes (by a last line of spaces) and never
-//! written shorter than the file already is: a write replaces the whole record in place (one
-//! sector, in practice written whole) and the file is never truncated, so a crash
-//! cannot leave a new record's head on an old record's tail.
+//! written shorter than the file already is: a write replaces the whole record in place
+//! and the file is never truncated, so a crash cannot leave a new record's head on an
+//! old record's tail of another length. A record of one sector (any plain lock, a
+//! semaphore with a few holders) is in practice written whole. A longer one may be
+//! torn by a crash of the machine (only the first sectors written) or by a SIGKILL in
+//! the middle of its write (past its first 4096 bytes): the counter lines are in its
+//! first sector, so a format 2 record whose checksum does not match keeps its counter
+//! and is read without holders (after a crash of the machine none is alive: the
+//! kernel's locks are gone too).
+
+mod list;
+#[cfg(test)]
+mod tests;
 
 use std::time::Duration;
 
 use crate::backend::Holder;
+use list::checksum;
 
-/// The first line: what the file is, and the format's version.
+/// The first line of format 1 (a plain lock, or no holder).
 const MAGIC: &str = "lockrun lock file 1";
 
-/// The largest record read; a larger file is not lockrun's.
-pub const MAX_LEN: usize = 4096;
+/// The first line of format 2 (a semaphore).
+pub const MAGIC_SLOTS: &str = "lockrun lock file 2";
+
+/// The largest record read; a larger file is not lockrun's. A record of
+/// [`crate::backend::MAX_SLOTS`] holders with the longest tokens and host names takes about 560 KB.
+pub const MAX_LEN: usize = 1 << 20;
 
 /// Records are padded to a multiple of this.
 const BLOCK: usize = 512;
@@ -47,22 +86,42 @@ const BLOCK: usize = 512;
 pub const RESERVE: u64 = 1024;
 
 /// A lock file's contents.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
-    /// The last fencing token handed out for this lock (0: none yet), as far as the
-    /// boot named by `boot` knows.
+    /// The last fencing token handed out for this lock, whatever the slot (0: none
+    /// yet), as far as the boot named by `boot` knows.
     pub fencing: u64,
     /// No token above this was handed out; on disk (fsynced) before any token up to it.
     pub reserved: u64,
     /// The boot (Linux's boot id) during which `fencing` was written; empty: unknown.
     pub boot: String,
-    /// Who holds the lock, or keeps it for `--hold-at-least`.
-    pub holder: Option<HolderLine>,
+    /// The `--slots` the holders were taken with (1: a plain lock, and format 1).
+    pub slots: u32,
+    /// Who holds a slot, or keeps it for `--hold-at-least`, or did (a holder that
+    /// crashed stays until its slot is taken again): by slot, at most one per slot.
+    pub holders: Vec<HolderLine>,
 }
 
-/// The holder's part of a [`Record`].
+impl Default for Record {
+    /// A new lock file: no token yet, no holder, a plain lock.
+    fn default() -> Record {
+        Record {
+            fencing: 0,
+            reserved: 0,
+            boot: String::new(),
+            slots: 1,
+            holders: Vec::new(),
+        }
+    }
+}
+
+/// One holder of a [`Record`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HolderLine {
+    /// The slot it holds, 0 to N-1.
+    pub slot: u32,
+    /// The fencing token it was given.
+    pub fencing: u64,
     /// The holder's random token.
     pub token: String,
     /// Its host name (non-graphic bytes written as `?`).
@@ -73,12 +132,78 @@ pub struct HolderLine {
     pub since_ms: u64,
     /// Its `--ttl`, in ms.
     pub ttl_ms: u64,
-    /// 0, or until when the lock is kept after the holder let go (`--hold-at-least`),
+    /// 0, or until when the slot is kept after the holder let go (`--hold-at-least`),
     /// ms since the Unix epoch.
     pub hold_until_ms: u64,
 }
 
+impl HolderLine {
+    /// How long `--hold-at-least` still keeps its slot (zero: not kept).
+    pub fn hold_left(&self, now_ms: u64) -> Duration {
+        Duration::from_millis(self.hold_until_ms.saturating_sub(now_ms))
+    }
+
+    /// The holder as `status` and a busy answer show it, of a lock of `slots` slots:
+    /// `locked` says the kernel lock of its slot is held (the lease runs while its
+    /// lockrun lives: its TTL is shown as left, since it renews continuously); else
+    /// only a hold still to run counts, with the hold left. `None`: not a holder now.
+    pub fn shown(&self, slots: u32, locked: bool, now_ms: u64) -> Option<Holder> {
+        let hold_left = self.hold_left(now_ms);
+        if !locked && hold_left.is_zero() {
+            return None;
+        }
+        Some(Holder {
+            host: self.host.clone(),
+            pid: self.pid,
+            since_ms: self.since_ms,
+            fencing_token: self.fencing,
+            ttl_left: if hold_left.is_zero() {
+                Duration::from_millis(self.ttl_ms)
+            } else {
+                hold_left
+            },
+            slot: self.slot,
+            slots,
+        })
+    }
+}
+
 impl Record {
+    /// The holder line of `slot`, if any.
+    pub fn entry(&self, slot: u32) -> Option<&HolderLine> {
+        self.holders.iter().find(|h| h.slot == slot)
+    }
+
+    /// The holder of `slot` as shown (see [`HolderLine::shown`]); a slot locked by a
+    /// lockrun that has not written its record yet shows an unknown holder of a lock
+    /// of `slots` slots. `None`: free.
+    pub fn holder_of(&self, slot: u32, locked: bool, now_ms: u64, slots: u32) -> Option<Holder> {
+        match self.entry(slot) {
+            Some(h) => h.shown(self.slots, locked, now_ms),
+            None if locked => Some(Holder {
+                slot,
+                slots,
+                ..Holder::default()
+            }),
+            None => None,
+        }
+    }
+
+    /// The holder of a plain lock (slot 0), as [`Record::holder_of`] shows it.
+    pub fn holder(&self, locked: bool, now_ms: u64) -> Option<Holder> {
+        self.holder_of(0, locked, now_ms, 1)
+    }
+
+    /// True if the record can be written in format 1: no holder, or the one holder of
+    /// a plain lock, holding the last token.
+    fn plain(&self) -> bool {
+        match self.holders.as_slice() {
+            [] => true,
+            [h] => self.slots == 1 && h.slot == 0 && h.fencing == self.fencing,
+            _ => false,
+        }
+    }
+
     /// The file's text.
     pub fn to_text(&self) -> String {
         let boot = if self.boot.is_empty() {
@@ -86,16 +211,29 @@ impl Record {
         } else {
             &self.boot
         };
-        let mut s = format!(
-            "{MAGIC}\nfencing_token {}\nreserved_through {}\nboot_id {boot}\n",
+        let counter = format!(
+            "fencing_token {}\nreserved_through {}\nboot_id {boot}\n",
             self.fencing, self.reserved
         );
-        if let Some(h) = &self.holder {
+        if self.plain() {
+            let mut s = format!("{MAGIC}\n{counter}");
+            if let Some(h) = self.holders.first() {
+                s.push_str(&format!(
+                    "token {}\nhost {}\npid {}\nsince_ms {}\nttl_ms {}\nhold_until_ms {}\n",
+                    h.token, h.host, h.pid, h.since_ms, h.ttl_ms, h.hold_until_ms
+                ));
+            }
+            return s;
+        }
+        let mut s = format!("{MAGIC_SLOTS}\n{counter}slots {}\n", self.slots);
+        for h in &self.holders {
             s.push_str(&format!(
-                "token {}\nhost {}\npid {}\nsince_ms {}\nttl_ms {}\nhold_until_ms {}\n",
-                h.token, h.host, h.pid, h.since_ms, h.ttl_ms, h.hold_until_ms
+                "holder slot={} fencing_token={} token={} host={} pid={} since_ms={} \
+                 ttl_ms={} hold_until_ms={}\n",
+                h.slot, h.fencing, h.token, h.host, h.pid, h.since_ms, h.ttl_ms, h.hold_until_ms
             ));
         }
+        s.push_str(&format!("end {:016x}\n", checksum(s.as_bytes())));
         s
     }
 
@@ -119,6 +257,9 @@ impl Record {
         if bytes.len() > MAX_LEN {
             return Err(format!("it is larger than {MAX_LEN} bytes"));
         }
+        if bytes.starts_with(format!("{MAGIC_SLOTS}\n").as_bytes()) {
+            return list::parse(bytes);
+        }
         let text = std::str::from_utf8(bytes).map_err(|_| "it is not text".to_owned())?;
         let body = text
             .strip_suffix('\n')
@@ -132,19 +273,16 @@ impl Record {
         if lines.next() != Some(MAGIC) {
             return Err(format!("its first line is not {MAGIC:?}"));
         }
-        let fencing = number(field(lines.next(), "fencing_token")?)?;
-        let reserved = number(field(lines.next(), "reserved_through")?)?;
-        let boot = boot_value(field(lines.next(), "boot_id")?)?;
+        let (fencing, reserved, boot) = counter_lines(&mut lines)?;
         let rest: Vec<&str> = lines.collect();
         let holder = match rest.as_slice() {
             [] => None,
             [token, host, pid, since, ttl, hold] => Some(HolderLine {
+                slot: 0,
+                fencing,
                 token: token_value(field(Some(token), "token")?)?,
                 host: host_value(field(Some(host), "host")?)?,
-                pid: u32::try_from(number(field(Some(pid), "pid")?)?)
-                    .ok()
-                    .filter(|p| *p > 0)
-                    .ok_or_else(|| "its pid is not a process id".to_owned())?,
+                pid: pid_value(field(Some(pid), "pid")?)?,
                 since_ms: number(field(Some(since), "since_ms")?)?,
                 ttl_ms: number(field(Some(ttl), "ttl_ms")?)?,
                 hold_until_ms: number(field(Some(hold), "hold_until_ms")?)?,
@@ -158,7 +296,8 @@ impl Record {
             fencing,
             reserved,
             boot,
-            holder,
+            slots: 1,
+            holders: holder.into_iter().collect(),
         })
     }
 
@@ -186,39 +325,16 @@ impl Record {
         let reserved = token.saturating_add(if boot.is_some() { RESERVE - 1 } else { 0 });
         Some((token, reserved, true))
     }
+}
 
-    /// The holder as `status` and a busy answer show it: `locked` says the kernel
-    /// lock is held (the lease runs while its lockrun lives: its TTL is shown as left,
-    /// since it renews continuously); else only a hold still to run counts, with the
-    /// hold left. `None`: free.
-    pub fn holder(&self, locked: bool, now_ms: u64) -> Option<Holder> {
-        let hold_left = self.hold_left(now_ms);
-        if !locked && hold_left.is_zero() {
-            return None;
-        }
-        let Some(h) = &self.holder else {
-            // Locked by a lockrun that has not written its record yet.
-            return Some(Holder::default());
-        };
-        Some(Holder {
-            host: h.host.clone(),
-            pid: h.pid,
-            since_ms: h.since_ms,
-            fencing_token: self.fencing,
-            ttl_left: if hold_left.is_zero() {
-                Duration::from_millis(h.ttl_ms)
-            } else {
-                hold_left
-            },
-            ..Holder::default()
-        })
-    }
-
-    /// How long `--hold-at-least` still keeps the lock (zero: not kept).
-    pub fn hold_left(&self, now_ms: u64) -> Duration {
-        let until = self.holder.as_ref().map_or(0, |h| h.hold_until_ms);
-        Duration::from_millis(until.saturating_sub(now_ms))
-    }
+/// The three counter lines after the first: fencing token, reservation, boot.
+pub fn counter_lines<'a>(
+    lines: &mut impl Iterator<Item = &'a str>,
+) -> Result<(u64, u64, String), String> {
+    let fencing = number(field(lines.next(), "fencing_token")?)?;
+    let reserved = number(field(lines.next(), "reserved_through")?)?;
+    let boot = boot_value(field(lines.next(), "boot_id")?)?;
+    Ok((fencing, reserved, boot))
 }
 
 /// A host name as stored: graphic ASCII only (others become `?`), 1 to 255 bytes.
@@ -241,14 +357,14 @@ pub fn storable_token(token: &str) -> bool {
 }
 
 /// The value of a `key value` line.
-fn field<'a>(line: Option<&'a str>, key: &str) -> Result<&'a str, String> {
+pub fn field<'a>(line: Option<&'a str>, key: &str) -> Result<&'a str, String> {
     line.and_then(|l| l.strip_prefix(key))
         .and_then(|l| l.strip_prefix(' '))
         .ok_or_else(|| format!("it has no {key} line where one belongs"))
 }
 
 /// A decimal number without sign or leading zeros.
-fn number(s: &str) -> Result<u64, String> {
+pub fn number(s: &str) -> Result<u64, String> {
     let canonical =
         !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
     canonical
@@ -262,7 +378,14 @@ fn number(s: &str) -> Result<u64, String> {
         })
 }
 
-fn token_value(s: &str) -> Result<String, String> {
+pub fn pid_value(s: &str) -> Result<u32, String> {
+    u32::try_from(number(s)?)
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| "its pid is not a process id".to_owned())
+}
+
+pub fn token_value(s: &str) -> Result<String, String> {
     storable_token(s)
         .then(|| s.to_owned())
         .ok_or_else(|| "its token is malformed".to_owned())
@@ -285,193 +408,8 @@ fn boot_value(s: &str) -> Result<String, String> {
         .ok_or_else(|| "its boot_id is malformed".to_owned())
 }
 
-fn host_value(s: &str) -> Result<String, String> {
+pub fn host_value(s: &str) -> Result<String, String> {
     (stored_host(s) == s)
         .then(|| s.to_owned())
         .ok_or_else(|| "its host is malformed".to_owned())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn held() -> Record {
-        Record {
-            fencing: 42,
-            reserved: 1065,
-            boot: "5c1f0e7a-3b2d-4c8e-9f10-2a3b4c5d6e7f".into(),
-            holder: Some(HolderLine {
-                token: "0123456789abcdef0123456789abcdef".into(),
-                host: "web-1".into(),
-                pid: 1234,
-                since_ms: 1_714_557_600_000,
-                ttl_ms: 30_000,
-                hold_until_ms: 0,
-            }),
-        }
-    }
-
-    #[test]
-    fn records_read_back_what_was_written() {
-        for r in [
-            held(),
-            Record {
-                fencing: 7,
-                reserved: 7,
-                boot: String::new(),
-                holder: None,
-            },
-            Record::default(),
-        ] {
-            assert_eq!(Record::parse(r.to_text().as_bytes()), Ok(r.clone()));
-            for len in [0, 512, 600, 4096] {
-                let bytes = r.to_bytes(len);
-                assert!(
-                    bytes.len() >= len && bytes.len() % 512 == 0,
-                    "{}",
-                    bytes.len()
-                );
-                assert_eq!(Record::parse(&bytes), Ok(r.clone()));
-            }
-        }
-        assert_eq!(Record::parse(b""), Ok(Record::default()));
-        let text = held().to_text();
-        assert!(
-            text.starts_with(
-                "lockrun lock file 1\nfencing_token 42\nreserved_through 1065\nboot_id 5c1f"
-            ),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn anything_else_is_refused() {
-        let good = held().to_text();
-        let bad: Vec<String> = vec![
-            "hello\n".into(),
-            "#!/bin/sh\nrm -rf /\n".into(),
-            good.trim_end().into(),
-            good.replace("lock file 1", "lock file 2"),
-            good.replace("fencing_token 42", "fencing_token 042"),
-            good.replace("fencing_token 42", "fencing_token +42"),
-            good.replace("fencing_token 42", "fencing_token 18446744073709551616"),
-            good.replace("fencing_token 42", "fencing_token 0"),
-            good.replace("fencing_token 42", "fencing_token  42"),
-            good.replace("\nreserved_through 1065", ""),
-            good.replace("boot_id 5c1f", "boot_id 5C1F"),
-            good.replace("boot_id 5c1f", "boot_id  5c1f"),
-            good.replace("pid 1234", "pid 0"),
-            good.replace("pid 1234", "pid 4294967296"),
-            good.replace("host web-1", "host web 1"),
-            good.replace("host web-1", "host "),
-            good.replace("token 0123", "token 01.3"),
-            good.replace("ttl_ms", "ttl"),
-            good.replace("\nhold_until_ms 0", ""),
-            format!("{good}extra 1\n"),
-            good.replace('\n', "\r\n"),
-            good.replace("\npid", "\n\npid"),
-            good.replace("\npid", "\n \npid"),
-            format!("{good} x\n"),
-            format!("{good}  \n \n"),
-            format!("{good}\n\n"),
-            format!("{MAGIC}\nfencing_token 1\n{}", "x".repeat(MAX_LEN)),
-        ];
-        for text in bad {
-            assert!(Record::parse(text.as_bytes()).is_err(), "{text:?}");
-        }
-        assert!(Record::parse(b"\xff\xfe\n").is_err());
-    }
-
-    #[test]
-    fn the_holder_is_shown_while_locked_or_kept() {
-        let now = 1_714_557_601_000;
-        let mut r = held();
-        assert_eq!(r.holder(false, now), None);
-        let h = r.holder(true, now).unwrap();
-        assert_eq!((h.pid, h.fencing_token), (1234, 42));
-        assert_eq!(h.ttl_left, Duration::from_secs(30));
-        r.holder.as_mut().unwrap().hold_until_ms = now + 1500;
-        assert_eq!(
-            r.holder(false, now).unwrap().ttl_left,
-            Duration::from_millis(1500)
-        );
-        assert_eq!(r.holder(false, now + 1500), None);
-        let free = Record {
-            fencing: 3,
-            ..Record::default()
-        };
-        assert_eq!(free.holder(false, now), None);
-        assert_eq!(free.holder(true, now), Some(Holder::default()));
-    }
-
-    #[test]
-    fn tokens_increase_and_survive_a_lost_unsynced_write() {
-        let (a, b) = (Some("aaaa-1"), Some("bbbb-2"));
-        let mut disk = Record::default();
-        let mut cache = Record::default();
-        let mut given = Vec::new();
-        let mut fsyncs = 0;
-        for round in 0..3 {
-            let boot = if round % 2 == 0 { a } else { b };
-            // A new boot finds what the disk kept: the last fsynced record.
-            cache = disk.clone();
-            for _ in 0..2500 {
-                let (token, reserved, durable) = cache.next_token(boot).unwrap();
-                cache = Record {
-                    fencing: token,
-                    reserved,
-                    boot: boot.unwrap().to_owned(),
-                    holder: None,
-                };
-                if durable {
-                    disk = cache.clone();
-                    fsyncs += 1;
-                }
-                given.push(token);
-            }
-        }
-        assert!(given.windows(2).all(|w| w[0] < w[1]), "tokens went back");
-        // Three per boot of 2500 tokens with blocks of 1024: 1, 1025, 2049.
-        assert_eq!(fsyncs, 9);
-        assert!(cache.fencing < 3 * 2500 + 3 * RESERVE);
-    }
-
-    #[test]
-    fn an_unknown_boot_fsyncs_every_token() {
-        let r = Record {
-            fencing: 5,
-            reserved: 5,
-            ..Record::default()
-        };
-        assert_eq!(r.next_token(None), Some((6, 6, true)));
-        let same = Record {
-            fencing: 5,
-            reserved: 9,
-            boot: "ab".into(),
-            holder: None,
-        };
-        assert_eq!(same.next_token(Some("ab")), Some((6, 9, false)));
-        assert_eq!(
-            same.next_token(Some("cd")),
-            Some((10, 10 + RESERVE - 1, true))
-        );
-        assert_eq!(same.next_token(None), Some((10, 10, true)));
-        let full = Record {
-            fencing: u64::MAX,
-            reserved: u64::MAX,
-            boot: "ab".into(),
-            holder: None,
-        };
-        assert_eq!(full.next_token(Some("ab")), None);
-    }
-
-    #[test]
-    fn host_names_are_stored_as_graphic_ascii() {
-        assert_eq!(stored_host("web-1.example"), "web-1.example");
-        assert_eq!(stored_host("a b\nc"), "a?b?c");
-        assert_eq!(stored_host(""), "unknown");
-        assert_eq!(stored_host(&"h".repeat(300)).len(), 255);
-        assert!(storable_token(&crate::token::lock_token()));
-        assert!(!storable_token("") && !storable_token("a b"));
-    }
 }

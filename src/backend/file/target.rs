@@ -36,6 +36,10 @@ impl Target for FileTarget {
         // Waiting needs nothing up front: a waiter thread starts per wait.
         AnyBackend::new(FileBackend::new(self.dir.clone(), config))
     }
+
+    fn semaphores(&self) -> bool {
+        true
+    }
 }
 
 /// Checks a `file://` URL (see the module documentation).

@@ -1,13 +1,15 @@
 //! A `--wait`er's place in the kernel's queue: a thread blocked in `F_OFD_SETLKW` on
-//! the lock file found busy. The kernel grants it the moment the holder's lockrun
-//! lets go (a release, or its death: a SIGKILLed holder's lock is freed at once), the
-//! thread keeps what it was granted and wakes the waiting task, and the next acquire
-//! takes the lock from it (and checks it as any other). Part of [`super`].
+//! one byte of the lock file found busy (a plain lock's byte 0; for a semaphore, the
+//! line's byte, see `line.rs`). The kernel grants it the moment the lockrun that had
+//! it lets go (a release, or its death: a SIGKILLed lockrun's locks are freed at
+//! once), the thread keeps what it was granted and wakes the waiting task, and the
+//! next acquire takes it from the thread (and checks the lock as any other). Part of
+//! [`super`].
 //!
-//! Waiters are not served in order: when a lock is freed the kernel wakes every
-//! waiter blocked on it and the first to run gets it, and a lockrun that does not
-//! wait may take it in between. A waiter that is dropped (it gave up, or took the
-//! lock another way) lets go of a lock granted to it; a thread still blocked stays
+//! The kernel serves the waiters of one byte first come first served (see
+//! [`lock_waiting`]), but a lockrun that does not wait may take the byte between a
+//! release and the first waiter's grant. A waiter that is dropped (it gave up, or took
+//! the lock another way) lets go of a lock granted to it; a thread still blocked stays
 //! until its grant (which it lets go of at once) or the process's exit.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -18,7 +20,7 @@ use super::lock::{lock_waiting, Byte};
 use super::lockfile::LockFile;
 use crate::backend::BackendError;
 
-/// A waiting thread for one lock file.
+/// A waiting thread for one byte of one lock file.
 pub struct Waiter {
     id: (u64, u64),
     shared: Arc<Shared>,
@@ -49,8 +51,8 @@ pub enum Found {
 }
 
 impl Waiter {
-    /// Starts a thread waiting for the holder's lock (byte 0) of `lock`.
-    pub fn start(lock: LockFile) -> Result<Waiter, BackendError> {
+    /// Starts a thread waiting for `byte` of `lock`.
+    pub fn start(lock: LockFile, byte: Byte) -> Result<Waiter, BackendError> {
         let id = lock.id();
         let shared = Arc::new(Shared {
             state: Mutex::new(State::Waiting),
@@ -60,7 +62,7 @@ impl Waiter {
         std::thread::Builder::new()
             .name("lockrun-wait".into())
             .stack_size(64 * 1024)
-            .spawn(move || wait(lock, &theirs))
+            .spawn(move || wait(lock, byte, &theirs))
             .map_err(|e| BackendError::Unavailable(format!("cannot start a waiter thread: {e}")))?;
         Ok(Waiter { id, shared })
     }
@@ -112,8 +114,8 @@ impl Drop for Waiter {
 
 /// The thread: blocks until granted, then hands the lock over (or lets go of it if
 /// the waiter was dropped meanwhile) and wakes the waiting task.
-fn wait(lock: LockFile, shared: &Shared) {
-    let result = lock_waiting(lock.file(), Byte::Holder);
+fn wait(lock: LockFile, byte: Byte, shared: &Shared) {
+    let result = lock_waiting(lock.file(), byte);
     {
         let mut state = shared.state();
         if matches!(*state, State::Waiting) {

@@ -34,7 +34,7 @@
 //!
 //! Files: `target.rs` (the URL), `sentinel.rs` (Sentinel URLs and master lookup),
 //! `conn.rs` (connecting), `errors.rs` (error lines), `scripts.rs` + `scripts/*.lua`,
-//! `replies.rs` (their answers), `redlock.rs` (the quorum).
+//! `replies.rs` (their answers), `redlock.rs` + `redlock/votes.rs` (the quorum).
 
 mod conn;
 mod errors;

@@ -27,21 +27,22 @@
 //! while the lease runs, clocks that jump, long pauses), the fencing token is what
 //! protects the downstream store: see the README.
 
-use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
+mod votes;
 
-use std::sync::Mutex;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures_util::future::{join_all, select_all};
 
-use super::replies::{AcquireReply, HoldersReply, SlotHolder};
+use super::replies::{AcquireReply, HoldersReply};
 use super::target::{self, RedisTarget};
 use super::RedisBackend;
 use crate::backend::{
     Acquire, AcquireRequest, AnyBackend, Backend, BackendError, Holder, Release, Target, UrlContext,
 };
 use crate::config::{BackendConfig, ConfigError};
+use votes::{choose_slot, conflict_in, disagree, free_maps, group, other_n, votes};
 
 /// The fewest servers a quorum may have: with fewer, one failure stops every lock.
 pub const MIN_NODES: usize = 3;
@@ -298,98 +299,6 @@ impl RedlockBackend {
     }
 }
 
-/// The free slots each server saw when it took one (`None`: it took none).
-fn free_maps(answers: &[Result<AcquireReply, BackendError>]) -> Vec<Option<&[bool]>> {
-    answers
-        .iter()
-        .map(|a| match a {
-            Ok(AcquireReply::Acquired { free, .. }) => Some(free.as_slice()),
-            _ => None,
-        })
-        .collect()
-}
-
-/// The lowest slot that was free on at least `quorum` servers, if any: the slot a
-/// holder takes on a majority. The servers' maps may differ in length only if their
-/// answers do; a slot missing from a map is not free there.
-fn choose_slot(free: &[Option<&[bool]>], quorum: usize) -> Option<u32> {
-    let longest = free.iter().flatten().map(|m| m.len()).max()?;
-    (0..longest)
-        .find(|&s| {
-            let free_on = free.iter().flatten().filter(|m| m.get(s) == Some(&true));
-            free_on.count() >= quorum
-        })
-        .and_then(|s| u32::try_from(s).ok())
-}
-
-/// The fencing tokens of the servers that hold `slot` for us.
-fn votes(answers: &[Result<AcquireReply, BackendError>], slot: u32) -> Vec<u64> {
-    answers
-        .iter()
-        .filter_map(|a| match a {
-            Ok(AcquireReply::Acquired {
-                fencing_token,
-                slot: s,
-                ..
-            }) if *s == slot => Some(*fencing_token),
-            _ => None,
-        })
-        .collect()
-}
-
-/// True if a server took another slot than `slot`.
-fn disagree(answers: &[Result<AcquireReply, BackendError>], slot: u32) -> bool {
-    answers
-        .iter()
-        .any(|a| matches!(a, Ok(AcquireReply::Acquired { slot: s, .. }) if *s != slot))
-}
-
-/// The N of a live holder taken with another `--slots`, if a server saw one.
-fn conflict_in(answers: &[Result<AcquireReply, BackendError>]) -> Option<u32> {
-    answers.iter().find_map(|a| match a {
-        Ok(AcquireReply::Conflict(theirs)) => Some(*theirs),
-        _ => None,
-    })
-}
-
-/// The N of `--slots`, not `ours`, that a server's holders (or its limit key) show.
-fn other_n(reply: &HoldersReply, ours: u32) -> Option<u32> {
-    match reply.theirs {
-        0 => reply
-            .holders
-            .iter()
-            .map(|h| h.holder.slots)
-            .find(|&n| n != ours),
-        theirs => Some(theirs),
-    }
-}
-
-/// The servers' holders grouped by slot and token: how many servers hold each, and the
-/// holder with the largest fencing token of them (the quorum's, once written back); by
-/// slot.
-fn group<'a>(holders: impl Iterator<Item = &'a SlotHolder>) -> Vec<(usize, Holder)> {
-    let mut groups: Vec<(usize, &SlotHolder)> = Vec::new();
-    for h in holders {
-        let same = |g: &&mut (usize, &SlotHolder)| {
-            g.1.holder.slot == h.holder.slot && g.1.token == h.token
-        };
-        match groups.iter_mut().find(same) {
-            Some(g) => {
-                g.0 += 1;
-                if h.holder.fencing_token > g.1.holder.fencing_token {
-                    g.1 = h;
-                }
-            }
-            None => groups.push((1, h)),
-        }
-    }
-    groups.sort_by_key(|(_, h)| h.holder.slot);
-    groups
-        .into_iter()
-        .map(|(count, h)| (count, h.holder.clone()))
-        .collect()
-}
-
 /// The per-server timeout: a tenth of the TTL, between 50 ms and 1 s.
 fn node_timeout(ttl: Duration) -> Duration {
     (ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1))
@@ -587,91 +496,6 @@ mod tests {
                 "{bad:?}"
             );
         }
-    }
-
-    fn map(s: &str) -> Vec<bool> {
-        s.chars().map(|c| c == '1').collect()
-    }
-
-    #[test]
-    fn the_slot_taken_is_the_lowest_free_on_a_majority() {
-        let (a, b, c) = (map("011"), map("001"), map("111"));
-        // Slot 0 is free on one server only; slot 1 on two of three.
-        let free = [Some(&a[..]), Some(&b[..]), Some(&c[..])];
-        assert_eq!(choose_slot(&free, 2), Some(1));
-        assert_eq!(choose_slot(&free, 3), Some(2));
-        // A busy or silent server has nothing free.
-        assert_eq!(choose_slot(&[Some(&a[..]), None, None], 2), None);
-        assert_eq!(choose_slot(&[None, None, None], 2), None);
-        // Every slot free on a different server: no majority anywhere.
-        let (x, y, z) = (map("100"), map("010"), map("001"));
-        assert_eq!(
-            choose_slot(&[Some(&x[..]), Some(&y[..]), Some(&z[..])], 2),
-            None
-        );
-    }
-
-    fn took(slot: u32, fence: u64) -> Result<AcquireReply, BackendError> {
-        Ok(AcquireReply::Acquired {
-            fencing_token: fence,
-            slot,
-            free: vec![true; 3],
-        })
-    }
-
-    #[test]
-    fn votes_count_only_the_slot_chosen() {
-        let answers = [
-            took(1, 10),
-            took(0, 11),
-            took(1, 12),
-            Err(BackendError::Unavailable("down".into())),
-            Ok(AcquireReply::Conflict(2)),
-        ];
-        assert_eq!(votes(&answers, 1), [10, 12]);
-        assert!(disagree(&answers, 1));
-        assert!(!disagree(&answers[..1], 1));
-        assert_eq!(conflict_in(&answers), Some(2));
-        assert_eq!(conflict_in(&answers[..3]), None);
-    }
-
-    fn slot_holder(slot: u32, token: &str, fence: u64, slots: u32) -> SlotHolder {
-        SlotHolder {
-            holder: Holder {
-                slot,
-                slots,
-                fencing_token: fence,
-                ..Holder::default()
-            },
-            token: token.into(),
-        }
-    }
-
-    #[test]
-    fn holders_are_grouped_by_slot_and_token_with_the_largest_fence() {
-        let all = [
-            slot_holder(2, "a", 5, 3),
-            slot_holder(0, "b", 7, 3),
-            slot_holder(2, "a", 9, 3),
-            slot_holder(2, "c", 8, 3),
-            slot_holder(0, "b", 6, 3),
-        ];
-        let got: Vec<(usize, u32, u64)> = group(all.iter())
-            .into_iter()
-            .map(|(n, h)| (n, h.slot, h.fencing_token))
-            .collect();
-        assert_eq!(got, [(2, 0, 7), (2, 2, 9), (1, 2, 8)]);
-    }
-
-    #[test]
-    fn another_n_shows_in_the_limit_key_or_a_holder() {
-        let reply = |theirs, holders| HoldersReply { theirs, holders };
-        assert_eq!(other_n(&reply(0, vec![slot_holder(0, "a", 1, 3)]), 3), None);
-        assert_eq!(
-            other_n(&reply(0, vec![slot_holder(0, "a", 1, 1)]), 3),
-            Some(1)
-        );
-        assert_eq!(other_n(&reply(5, vec![]), 3), Some(5));
     }
 
     #[test]

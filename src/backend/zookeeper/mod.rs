@@ -20,6 +20,43 @@
 //! a holder's node was created after every node ahead of it in the queue, so each
 //! holder of `NAME` gets a larger one than all holders before it.
 //!
+//! **Semaphores (`--slots N`, N > 1)** keep the same directory, queue and session
+//! lease. `place.rs` decides each step from one listing (admission, the slot, what to
+//! watch, and why no waiter is forgotten and no herd woken); `slots.rs` claims a slot.
+//! - *Nodes*: a queue node's name carries N (`lock-<token>-n<N>-<seq>`), so every
+//!   acquirer sees each other's N in the listing it reads anyway. A node ahead of ours
+//!   with another N (a name without one is N = 1: a plain lock, also an older
+//!   lockrun's), or a hold that is on with another N, refuses ours (`slots_conflict`,
+//!   125) and our node leaves the queue at once. That is checked where the slot is
+//!   taken: nodes only join behind ours, so a listing read after our node's creation
+//!   shows every node that can ever be ahead of it, and a later node with another N
+//!   sees ours and refuses itself.
+//! - *Slots*: an admitted node (fewer than N nodes and holds ahead) claims the lowest
+//!   free slot `i` in one multi-request that creates the ephemeral node `slot-<i>`
+//!   (only one create of a name succeeds: never two holders of a slot, never more
+//!   than N) and writes our queue node's value with the slot. Every deletion of a
+//!   claimed queue node deletes its slot node in the same multi-request (release,
+//!   `--hold-at-least`, `release --force`; a session's end deletes all its nodes at
+//!   once), so a slot node never outlives its owner's queue node, and that node's
+//!   value names the slot: a release whose acquire's answer was lost reads the node
+//!   to find the slot (deleting with the version read, so no claim applies between).
+//!   A renewal checks the slot node as well as the queue node.
+//! - *Fencing token*: the zxid of the claim (the queue node's last modification, the
+//!   slot node's creation). The ensemble orders claims like every write, so tokens
+//!   grow with every acquisition whatever the slot, also between holders that queued
+//!   in the other order. A plain lock keeps its node's creation zxid.
+//! - *`--hold-at-least`*, per slot: the release moves slot `i` from our queue and slot
+//!   nodes to the slot's persistent hold node (`hold` for slot 0, the plain lock's;
+//!   `hold-<i>` otherwise), judged by the server's clock as below. A hold that is on
+//!   keeps its slot and counts as an occupant ahead of every waiter. Only the holder of
+//!   slot `i` writes its hold node; the claim that found it over deletes it with its
+//!   own release (or overwrites it with its own hold), so at most one hold node per
+//!   slot is left behind.
+//! - *Busy*: the holder named is the hold that ends first, else the first in line (the
+//!   time left of a session is not visible to other clients).
+//!
+//! With N = 1 the nodes, values and requests are the plain lock's, as before semaphores.
+//!
 //! **The lease is the session.** lockrun asks for a session timeout of `--ttl`. The
 //! server clamps it to its `minSessionTimeout`..`maxSessionTimeout` (by default 2 and 20
 //! times `tickTime`), and the granted value governs the server: a session it has not
@@ -50,7 +87,8 @@
 //!
 //! **`--hold-at-least`**: a session cannot outlive the process, so the release moves
 //! the lock, in one multi-request (atomic), from our queue node to a persistent `hold`
-//! node in the directory that says for how long it keeps the lock. Its creation time
+//! node in the directory that says for how long it keeps the lock (a semaphore's: its
+//! slot, see above). Its creation time
 //! and the "now" it is compared with are both the server's clock (a waiter gets "now"
 //! from a write of its own), never a lockrun host's. The first in the queue takes the
 //! lock only once the hold is over (then it deletes it); `release --force` deletes it
@@ -65,12 +103,17 @@
 
 mod errors;
 mod layout;
+mod leave;
+mod look;
+mod place;
 mod queue;
+mod slots;
 mod target;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use futures_util::future::{join_all, select_all};
 use zookeeper_client::{Acls, Client};
 
 use crate::backend::{
@@ -93,6 +136,8 @@ const WATCH_SLICE: Duration = Duration::from_secs(10);
 pub struct ZkBackend {
     target: ZkTarget,
     key_prefix: String,
+    /// `--slots`: 1 is a plain lock.
+    slots: u32,
     /// The caller may wait (`--wait`): queue when the lock is busy.
     waiting: bool,
     /// The session: made by the first call, kept for the whole run (our nodes live and
@@ -119,21 +164,62 @@ struct OurNode {
     token: String,
     /// Its path, once the server has answered its creation.
     path: Option<String>,
-    /// Its creation zxid: the fencing token.
+    /// Its creation zxid: a plain lock's fencing token.
     czxid: i64,
-    /// Its value (written again to stamp the time the lock was taken).
+    /// Its value (written again to stamp the time the lock was taken; a semaphore's
+    /// names the slot once claimed).
     value: Vec<u8>,
     /// A busy answer was given with it: taking the lock later stamps the time.
     waited: bool,
+    /// A semaphore's claim of a slot (a plain lock's node never claims one).
+    claim: Claim,
 }
 
-/// What a waiter waits for.
+impl OurNode {
+    /// A node of `token` in `dir` known only by its token: one whose creation (or its
+    /// claim) was never seen answered.
+    fn lost(dir: String, token: &str) -> OurNode {
+        OurNode {
+            dir,
+            token: token.to_owned(),
+            path: None,
+            czxid: 0,
+            value: Vec::new(),
+            waited: false,
+            claim: Claim::Unclaimed,
+        }
+    }
+}
+
+/// Where a semaphore's claim of a slot stands. Recorded before the claim is sent, so
+/// that a claim whose answer was lost is cleaned up with the node (see `slots.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Claim {
+    /// None sent.
+    #[default]
+    Unclaimed,
+    /// Sent; whether it applied is unknown (the node's value tells).
+    Sent,
+    /// The slot is ours.
+    Held {
+        /// The slot.
+        slot: u32,
+        /// The claim's zxid: the fencing token.
+        zxid: i64,
+        /// The claim's time by the server's clock.
+        since_ms: i64,
+        /// The version of the slot's (over) hold node the claim found, deleted with
+        /// our release.
+        hold_version: Option<i32>,
+    },
+}
+
+/// What a waiter waits for: any of these nodes changing or going, or, when one of
+/// them is a `--hold-at-least` node, the end of the earliest hold, in this long.
 #[derive(Clone, Debug)]
-enum WaitFor {
-    /// The deletion of the node just ahead of ours.
-    Node(String),
-    /// The end of a `--hold-at-least` (or the deletion of its node), in at most this long.
-    Hold(String, Duration),
+struct WaitFor {
+    paths: Vec<String>,
+    within: Option<Duration>,
 }
 
 impl ZkBackend {
@@ -142,6 +228,7 @@ impl ZkBackend {
         ZkBackend {
             target,
             key_prefix: config.key_prefix.clone(),
+            slots: config.slots,
             waiting,
             session: Mutex::new(None),
             local: Mutex::new(Local::default()),
@@ -223,6 +310,7 @@ impl Backend for ZkBackend {
         }
         let dir = self.dir(name);
         self.drop_stale(&client, &req.token).await?;
+        let mut known = None;
         if self.our_node(&req.token).is_none() {
             // Without --wait, a busy lock is answered without queueing; a free one may
             // be taken without listing the queue again (see `busy_now`).
@@ -230,15 +318,19 @@ impl Backend for ZkBackend {
             if !self.waiting {
                 match self.busy_now(&client, &dir).await? {
                     Err(holder) => return Ok(Acquire::Busy(holder)),
-                    Ok(empty_at) => first_if = empty_at,
+                    Ok(listed) => first_if = listed,
                 }
             }
             let sequence = self.enqueue(&client, &dir, req, granted).await?;
-            if first_if == Some(sequence) {
-                return self.taken(&client).await;
+            match first_if {
+                Some((at, _)) if at == sequence && self.slots == 1 => {
+                    return self.taken(&client).await
+                }
+                Some((at, listing)) if at == sequence => known = self.with_ours(listing),
+                _ => {}
             }
         }
-        self.take_or_wait(&client, &dir, &req.token).await
+        self.take_or_wait(&client, &dir, &req.token, known).await
     }
 
     async fn renew(&self, _name: &str, token: &str, _ttl: Duration) -> Result<(), BackendError> {
@@ -246,17 +338,31 @@ impl Backend for ZkBackend {
         let (Some(node), Some(client)) = (self.our_node(token), self.current()) else {
             return Err(BackendError::NotOwner);
         };
-        let path = node.path.unwrap_or_default();
+        // A semaphore's holder also has its slot node: both must still be ours.
+        let slot = match node.claim {
+            Claim::Held { slot, .. } => Some(format!("{}/{}", node.dir, layout::slot_name(slot))),
+            _ => None,
+        };
+        let mine: Vec<String> = node.path.into_iter().chain(slot).collect();
         let sync = client.sync(&node.dir);
-        let exists = client.check_stat(&path);
-        let (synced, exists) = tokio::join!(sync, exists);
-        // A definite loss from either answer wins over an error from the other.
-        match (&exists, &synced) {
-            (Ok(Some(stat)), Ok(())) if stat.ephemeral_owner == client.session_id().0 => Ok(()),
-            (Ok(_), Ok(())) => Err(BackendError::NotOwner),
-            (Err(e), _) | (_, Err(e)) if session_over(e) => Err(BackendError::NotOwner),
-            (Ok(None), _) => Err(BackendError::NotOwner),
-            (Err(e), _) | (_, Err(e)) => Err(self.error(e, &path)),
+        let exists = join_all(mine.iter().map(|p| client.check_stat(p)));
+        let (synced, stats) = tokio::join!(sync, exists);
+        let session = client.session_id().0;
+        let lost = stats.iter().any(|s| match s {
+            Ok(Some(stat)) => stat.ephemeral_owner != session,
+            Ok(None) => true,
+            Err(_) => false,
+        });
+        let errors: Vec<zookeeper_client::Error> = synced
+            .err()
+            .into_iter()
+            .chain(stats.into_iter().filter_map(Result::err))
+            .collect();
+        // A definite loss from any answer wins over an error from another.
+        match errors.first() {
+            _ if lost || errors.iter().any(session_over) => Err(BackendError::NotOwner),
+            Some(e) => Err(self.error(e, &mine[0])),
+            None => Ok(()),
         }
     }
 
@@ -279,31 +385,30 @@ impl Backend for ZkBackend {
             (Some(node @ OurNode { path: Some(_), .. }), Release::KeepFor(keep)) => {
                 self.keep_for(&client, &node, keep).await
             }
-            (Some(node), _) => self.delete_ours(&client, &node.dir, token, node.path).await,
-            // A token never seen answered: delete whatever node it may have made.
+            (Some(node), _) => self.delete_ours(&client, &node).await,
+            // A token never seen answered: delete whatever node it may have made (and
+            // the slot its value names: see `slots.rs`).
             (None, _) => {
-                self.delete_ours(&client, &self.dir(name), token, None)
-                    .await
+                let lost = OurNode::lost(self.dir(name), token);
+                self.delete_ours(&client, &lost).await
             }
         }
     }
 
     async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
-        let one: Result<Option<Holder>, BackendError> = async {
-            let client = self.session(ADMIN_SESSION).await?;
-            Ok(self.look(&client, &self.dir(name)).await?.map(|(h, _)| h))
-        }
-        .await;
-        Ok(one?.into_iter().collect())
+        let client = self.session(ADMIN_SESSION).await?;
+        let dir = self.dir(name);
+        Ok(self
+            .look(&client, &dir)
+            .await?
+            .into_iter()
+            .map(|(h, _)| h)
+            .collect())
     }
 
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
-        let one: Result<Option<Holder>, BackendError> = async {
-            let client = self.session(ADMIN_SESSION).await?;
-            self.break_lock(&client, &self.dir(name)).await
-        }
-        .await;
-        Ok(one?.into_iter().collect())
+        let client = self.session(ADMIN_SESSION).await?;
+        self.break_lock(&client, &self.dir(name)).await
     }
 
     async fn wait_for_release(
@@ -317,18 +422,27 @@ impl Backend for ZkBackend {
             tokio::time::sleep(max.min(MIN_WAIT_SLICE)).await;
             return Ok(());
         };
-        let (path, slice) = match what {
-            WaitFor::Node(path) => (path, max.min(WATCH_SLICE)),
-            // The hold ends by the server's clock: look again a little after it should.
-            WaitFor::Hold(path, left) => (path, max.min(left + MIN_WAIT_SLICE)),
+        let slice = match what.within {
+            None => max.min(WATCH_SLICE),
+            // A hold ends by the server's clock: look again a little after it should.
+            Some(left) => max.min(left + MIN_WAIT_SLICE),
         };
         let watched = async {
-            let (stat, watcher) = client
-                .check_and_watch_stat(&path)
-                .await
-                .map_err(|e| self.error(&e, &path))?;
-            if stat.is_some() {
-                watcher.changed().await;
+            // One watch per node (all set in one round trip); any of them firing, or a
+            // node already gone, ends the wait. The others are dropped, which removes
+            // them from the server too.
+            let set = join_all(what.paths.iter().map(|p| client.check_and_watch_stat(p))).await;
+            let mut watchers = Vec::with_capacity(set.len());
+            for (answer, path) in set.into_iter().zip(&what.paths) {
+                match answer {
+                    Ok((Some(_), watcher)) => watchers.push(Box::pin(watcher.changed())),
+                    Ok((None, _)) => return Ok(()),
+                    Err(e) => return Err(self.error(&e, path)),
+                }
+            }
+            match watchers.is_empty() {
+                true => std::future::pending::<()>().await,
+                false => drop(select_all(watchers).await),
             }
             Ok(())
         };
@@ -350,7 +464,7 @@ impl Backend for ZkBackend {
         };
         match (node, self.current()) {
             (Some(node), Some(client)) => {
-                let gone = self.delete_ours(&client, &node.dir, &node.token, node.path);
+                let gone = self.delete_ours(&client, &node);
                 match gone.await {
                     Ok(()) | Err(BackendError::NotOwner) => Ok(()),
                     Err(e) => Err(e),

@@ -1,22 +1,41 @@
 //! The ZooKeeper backend's steps on the queue of one lock: joining it, finding our
-//! place, reading the holder and the hold node, deleting our node, the
-//! `--hold-at-least` hand-over and `release --force`, as methods of [`ZkBackend`].
-//! Part of [`super`].
+//! place ([`place::step`] decides), answering busy with what to wait for, taking a
+//! plain lock, and reading the holder and the hold nodes, as methods of
+//! [`ZkBackend`]. A semaphore's claim is in `slots.rs`; leaving the queue in
+//! `leave.rs`; `status` and `release --force` in `look.rs`. Part of [`super`].
 
 use std::time::Duration;
 
-use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError};
+use futures_util::future::join_all;
+use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
-use super::layout::{self, QueueNode, HOLD};
+use super::layout::{self, hold_name, QueueNode};
+use super::place::{self, Judged, Listing, Step};
+use super::slots::Claimed;
 use super::{OurNode, WaitFor, ZkBackend};
-use crate::backend::{Acquire, AcquireRequest, BackendError, Holder};
+use crate::backend::{slots_conflict, Acquire, AcquireRequest, Backend, BackendError, Holder};
 
-/// A hold node as read: its path, version, holder and whether it still keeps the lock.
-struct Hold {
-    path: String,
-    version: i32,
-    holder: Holder,
-    on: bool,
+/// A hold node as read: its path, slot, version, holder and whether it still keeps
+/// its slot (the lock, for a plain lock's).
+pub(super) struct Hold {
+    pub(super) path: String,
+    pub(super) slot: u32,
+    pub(super) version: i32,
+    /// Its creation zxid: which incarnation of the name it is.
+    pub(super) czxid: i64,
+    pub(super) holder: Holder,
+    pub(super) on: bool,
+}
+
+impl Hold {
+    /// What [`place::step`] needs of it.
+    fn judged(&self) -> Judged {
+        Judged {
+            slot: self.slot,
+            slots: self.holder.slots,
+            on: self.on,
+        }
+    }
 }
 
 impl ZkBackend {
@@ -33,10 +52,7 @@ impl ZkBackend {
             .clone()
             .filter(|n| n.token != token || n.path.is_none());
         if let Some(old) = stale {
-            match self
-                .delete_ours(client, &old.dir, &old.token, old.path.clone())
-                .await
-            {
+            match self.delete_ours(client, &old).await {
                 Ok(()) | Err(BackendError::NotOwner) => {}
                 Err(e) => return Err(e),
             }
@@ -49,25 +65,39 @@ impl ZkBackend {
     }
 
     /// Who holds the lock in `dir` now, read without queueing: `Err(holder)` when it is
-    /// held. When the queue is empty, the directory's child version at the read
-    /// (`Some(0)` for no directory yet): a node created next with that very sequence
-    /// number is first in line, since ZooKeeper numbers a sequential node with its
-    /// parent's child version, which every creation and deletion of a child moves on.
+    /// held (every slot, for a semaphore). Otherwise, when the listing may be used for
+    /// our node too, the directory's child version at the read (0 for no directory
+    /// yet) and the listing: a node created next with that very sequence number was
+    /// created with nothing come or gone since, because ZooKeeper numbers a sequential
+    /// node with its parent's child version, which every creation and deletion of a
+    /// child moves on. A plain lock's listing is used only when it is empty.
     pub(super) async fn busy_now(
         &self,
         client: &Client,
         dir: &str,
-    ) -> Result<Result<Option<i64>, Holder>, BackendError> {
+    ) -> Result<Result<Option<(i64, Listing)>, Holder>, BackendError> {
         let (children, cversion) = match client.get_children(dir).await {
             Ok((children, stat)) => (children, stat.cversion),
-            Err(ZkError::NoNode) => return Ok(Ok(Some(0))),
+            Err(ZkError::NoNode) => return Ok(Ok(Some((0, Listing::default())))),
             Err(e) => return Err(self.error(&e, dir)),
         };
-        let empty = children.iter().all(|c| c != HOLD) && layout::queue(&children).is_empty();
-        if empty {
-            return Ok(Ok(Some(i64::from(cversion))));
+        let listing = Listing::of(&children);
+        // A holder (or an earlier waiter) with another N: refused without queueing.
+        if let Some(other) = listing.queue.iter().find(|n| n.slots != self.slots) {
+            return Err(slots_conflict(other.slots, self.slots));
         }
-        Ok(match self.look(client, dir).await? {
+        if self.slots > 1 {
+            return Ok(match listing.queue.first() {
+                Some(first) if listing.queue.len() >= self.slots as usize => {
+                    Err(self.holder_of(client, dir, first).await?)
+                }
+                _ => Ok(Some((i64::from(cversion), listing))),
+            });
+        }
+        if listing.queue.is_empty() && listing.holds.is_empty() {
+            return Ok(Ok(Some((i64::from(cversion), listing))));
+        }
+        Ok(match self.look_plain(client, dir).await? {
             Some((holder, _)) => Err(holder),
             None => Ok(None),
         })
@@ -82,17 +112,13 @@ impl ZkBackend {
         req: &AcquireRequest,
         granted: Duration,
     ) -> Result<i64, BackendError> {
-        let value = layout::queue_value(req, granted);
+        let value = layout::queue_value(req, granted, self.slots);
         // Recorded before asking: a creation never answered is cleaned up by its token.
         self.local().node = Some(OurNode {
-            dir: dir.to_owned(),
-            token: req.token.clone(),
-            path: None,
-            czxid: 0,
             value: value.clone(),
-            waited: false,
+            ..OurNode::lost(dir.to_owned(), &req.token)
         });
-        let prefix = layout::queue_prefix(dir, &req.token);
+        let prefix = layout::queue_prefix(dir, &req.token, self.slots);
         let options = CreateMode::EphemeralSequential.with_acls(self.acls());
         // The server removes empty directories on its own: one may go between our
         // making it and our node's creation. Three tries are plenty.
@@ -140,54 +166,119 @@ impl ZkBackend {
         Ok(())
     }
 
-    /// Our place in the queue of `dir`: first (and no hold on) takes the lock;
-    /// otherwise busy, waiting for the node just ahead of ours (or the hold).
+    /// Our place in the queue of `dir` (listed now, unless `known` is a listing that
+    /// is still exact): take the lock or a slot ([`place::step`]), or answer busy and
+    /// record what to wait for.
     pub(super) async fn take_or_wait(
         &self,
         client: &Client,
         dir: &str,
         token: &str,
+        known: Option<Listing>,
     ) -> Result<Acquire, BackendError> {
-        let children = self.children(client, dir).await?;
-        let queue = layout::queue(&children);
-        let Some(place) = queue.iter().position(|n| n.token == token) else {
-            // Deleted under us (`release --force`, or the session ended): queue again.
-            self.local().node = None;
-            return Err(BackendError::Unavailable(format!(
-                "lockrun's place in the queue of {dir} at ZooKeeper {} was removed; queueing \
-                 again",
-                self.at()
-            )));
+        let mut listing = match known {
+            Some(listing) => listing,
+            None => Listing::of(&self.children(client, dir).await?),
         };
-        if place > 0 {
-            let holder = self.holder_of(client, dir, &queue[0]).await?;
-            let ahead = format!("{dir}/{}", queue[place - 1].name);
-            self.busy(WaitFor::Node(ahead));
-            return Ok(Acquire::Busy(holder));
-        }
-        if children.iter().any(|c| c == HOLD) {
-            if let Some(hold) = self.hold(client, dir).await? {
-                if hold.on {
-                    self.busy(WaitFor::Hold(hold.path, hold.holder.ttl_left));
-                    return Ok(Acquire::Busy(hold.holder));
+        let mut holds: Option<Vec<Hold>> = None;
+        // Each round either ends, judges the holds once, or learns of a slot another
+        // claim took (at most N) or of a hold that changed (listed again).
+        for _ in 0..self.slots + 8 {
+            let judged: Option<Vec<Judged>> =
+                holds.as_ref().map(|h| h.iter().map(Hold::judged).collect());
+            match place::step(&listing, token, self.slots, judged.as_deref()) {
+                Step::Gone => return Err(self.removed(dir)),
+                Step::Conflict(theirs) => {
+                    // Leave the queue at once: our node would hold up the nodes behind.
+                    let _ = self.stop_waiting("").await;
+                    return Err(slots_conflict(theirs, self.slots));
                 }
-                // Over: ours now (only the first in line deletes it).
-                match client.delete(&hold.path, Some(hold.version)).await {
-                    Ok(()) | Err(ZkError::NoNode) | Err(ZkError::BadVersion) => {}
-                    Err(e) => return Err(self.error(&e, &hold.path)),
+                Step::JudgeHolds => holds = Some(self.judge_holds(client, dir, &listing).await?),
+                Step::Wait(watch) => {
+                    let holds = holds.as_deref().unwrap_or_default();
+                    return self
+                        .answer_busy(client, dir, token, &listing, holds, watch)
+                        .await;
+                }
+                Step::Take(_) if self.slots == 1 => {
+                    // Over holds: ours to delete now (only the first in line does).
+                    for hold in holds.iter().flatten().filter(|h| !h.on) {
+                        match client.delete(&hold.path, Some(hold.version)).await {
+                            Ok(()) | Err(ZkError::NoNode) | Err(ZkError::BadVersion) => {}
+                            Err(e) => return Err(self.error(&e, &hold.path)),
+                        }
+                    }
+                    return self.taken(client).await;
+                }
+                Step::Take(slot) => {
+                    let hold = holds.iter().flatten().find(|h| h.slot == slot);
+                    match self.claim(client, dir, slot, hold).await? {
+                        Claimed::Won(acquired) => return Ok(acquired),
+                        Claimed::Gone => return Err(self.removed(dir)),
+                        Claimed::Lost => listing.slot_nodes.push(slot),
+                        Claimed::HoldChanged => {
+                            listing = Listing::of(&self.children(client, dir).await?);
+                            holds = None;
+                        }
+                    }
                 }
             }
         }
-        self.taken(client).await
+        Err(BackendError::Unavailable(format!(
+            "the slots of {dir} at ZooKeeper {} kept changing while lockrun claimed one; \
+             trying again",
+            self.at()
+        )))
     }
 
-    /// Records a busy answer and what to wait for.
-    fn busy(&self, what: WaitFor) {
+    /// Our node was deleted under us (`release --force`, or the session ended): forget
+    /// it; the driver queues again.
+    fn removed(&self, dir: &str) -> BackendError {
+        self.local().node = None;
+        BackendError::Unavailable(format!(
+            "lockrun's place in the queue of {dir} at ZooKeeper {} was removed; queueing \
+             again",
+            self.at()
+        ))
+    }
+
+    /// Answers busy, and records what to wait for: the `watch` children of `dir`
+    /// (until the earliest hold among them ends, if any). The holder named is the hold
+    /// that ends first, else the first in line.
+    async fn answer_busy(
+        &self,
+        client: &Client,
+        dir: &str,
+        token: &str,
+        listing: &Listing,
+        holds: &[Hold],
+        watch: Vec<String>,
+    ) -> Result<Acquire, BackendError> {
+        let first_hold = holds
+            .iter()
+            .filter(|h| h.on)
+            .min_by_key(|h| h.holder.ttl_left);
+        let within = holds
+            .iter()
+            .filter(|h| h.on && watch.contains(&hold_name(h.slot)))
+            .map(|h| h.holder.ttl_left)
+            .min();
+        let holder = match (first_hold, listing.queue.first()) {
+            (Some(hold), _) => hold.holder.clone(),
+            (None, Some(first)) if first.token != token => {
+                self.holder_of(client, dir, first).await?
+            }
+            (None, _) => Holder::default(),
+        };
         let mut local = self.local();
-        local.waiting_for = Some(what);
+        local.waiting_for = Some(WaitFor {
+            paths: watch.iter().map(|w| format!("{dir}/{w}")).collect(),
+            within,
+        });
         if let Some(node) = local.node.as_mut() {
             node.waited = true;
         }
+        Ok(Acquire::Busy(holder))
     }
 
     /// The lock is ours: after a wait, stamp the time it was taken on our node (the
@@ -201,10 +292,15 @@ impl ZkBackend {
             drop(client.set_data(&path, &node.value, None));
         }
         self.local().waiting_for = None;
-        match u64::try_from(node.czxid) {
+        self.fencing(node.czxid, 0)
+    }
+
+    /// The answer for a lock (or slot) taken with fencing token `zxid`.
+    pub(super) fn fencing(&self, zxid: i64, slot: u32) -> Result<Acquire, BackendError> {
+        match u64::try_from(zxid) {
             Ok(fencing_token) if fencing_token > 0 => Ok(Acquire::Acquired {
                 fencing_token,
-                slot: 0,
+                slot,
             }),
             _ => Err(BackendError::Refused(format!(
                 "ZooKeeper at {} created the lock node without its zxid (the fencing token)",
@@ -214,7 +310,11 @@ impl ZkBackend {
     }
 
     /// The children of `dir` (none when it does not exist).
-    async fn children(&self, client: &Client, dir: &str) -> Result<Vec<String>, BackendError> {
+    pub(super) async fn children(
+        &self,
+        client: &Client,
+        dir: &str,
+    ) -> Result<Vec<String>, BackendError> {
         match client.list_children(dir).await {
             Ok(c) => Ok(c),
             Err(ZkError::NoNode) => Ok(Vec::new()),
@@ -223,7 +323,7 @@ impl ZkBackend {
     }
 
     /// The holder described by queue node `node` (empty if it went meanwhile).
-    async fn holder_of(
+    pub(super) async fn holder_of(
         &self,
         client: &Client,
         dir: &str,
@@ -231,170 +331,60 @@ impl ZkBackend {
     ) -> Result<Holder, BackendError> {
         let path = format!("{dir}/{}", node.name);
         match client.get_data(&path).await {
-            Ok((value, stat)) => Ok(layout::holder_from(&value, stat.czxid, stat.mtime)),
+            Ok((value, stat)) => Ok(layout::holder_from(
+                &value, stat.czxid, stat.mzxid, stat.mtime,
+            )),
             Err(ZkError::NoNode) => Ok(Holder::default()),
             Err(e) => Err(self.error(&e, &path)),
         }
     }
 
-    /// The hold node of `dir`, if there is one, judged by the server's clock.
-    async fn hold(&self, client: &Client, dir: &str) -> Result<Option<Hold>, BackendError> {
-        let path = format!("{dir}/{HOLD}");
-        let (value, stat) = match client.get_data(&path).await {
-            Ok(found) => found,
-            Err(ZkError::NoNode) => return Ok(None),
-            Err(e) => return Err(self.error(&e, &path)),
-        };
+    /// The hold nodes `listing` names in `dir`, judged by the server's clock (those
+    /// gone meanwhile left out). A plain lock's one hold costs what it did before
+    /// semaphores: a read, then a write for "now".
+    pub(super) async fn judge_holds(
+        &self,
+        client: &Client,
+        dir: &str,
+        listing: &Listing,
+    ) -> Result<Vec<Hold>, BackendError> {
+        let paths: Vec<(u32, String)> = listing
+            .holds
+            .iter()
+            .map(|&slot| (slot, format!("{dir}/{}", hold_name(slot))))
+            .collect();
+        let read = join_all(paths.iter().map(|(_, path)| client.get_data(path))).await;
+        let mut found = Vec::with_capacity(read.len());
+        for (answer, (slot, path)) in read.into_iter().zip(paths) {
+            match answer {
+                Ok((value, stat)) => found.push((slot, path, value, stat)),
+                Err(ZkError::NoNode) => {}
+                Err(e) => return Err(self.error(&e, &path)),
+            }
+        }
+        if found.is_empty() {
+            return Ok(Vec::new());
+        }
         // The server's "now": the time of a write of ours (to the directory's own data,
         // which nothing reads).
         let now = match client.set_data(dir, b"", None).await {
             Ok(stat) => stat.mtime,
-            Err(ZkError::NoNode) => return Ok(None),
+            Err(ZkError::NoNode) => return Ok(Vec::new()),
             Err(e) => return Err(self.error(&e, dir)),
         };
-        let (holder, on) = layout::hold_from(&value, stat.mtime, now);
-        Ok(Some(Hold {
-            path,
-            version: stat.version,
-            holder,
-            on,
-        }))
-    }
-
-    /// Who holds the lock in `dir` (a hold that is on, else the first in line), with
-    /// the path of its node.
-    pub(super) async fn look(
-        &self,
-        client: &Client,
-        dir: &str,
-    ) -> Result<Option<(Holder, String)>, BackendError> {
-        // A node may go between the listing and its read: look again, a few times.
-        for _ in 0..3 {
-            let children = self.children(client, dir).await?;
-            if children.iter().any(|c| c == HOLD) {
-                if let Some(hold) = self.hold(client, dir).await?.filter(|h| h.on) {
-                    return Ok(Some((hold.holder, hold.path)));
+        Ok(found
+            .into_iter()
+            .map(|(slot, path, value, stat)| {
+                let (holder, on) = layout::hold_from(&value, stat.mtime, now);
+                Hold {
+                    path,
+                    slot,
+                    version: stat.version,
+                    czxid: stat.czxid,
+                    holder: Holder { slot, ..holder },
+                    on,
                 }
-            }
-            let Some(first) = layout::queue(&children).into_iter().next() else {
-                return Ok(None);
-            };
-            let holder = self.holder_of(client, dir, &first).await?;
-            if holder != Holder::default() {
-                return Ok(Some((holder, format!("{dir}/{}", first.name))));
-            }
-        }
-        Err(BackendError::Unavailable(format!(
-            "the lock {dir} at ZooKeeper {} kept changing while it was read; try again",
-            self.at()
-        )))
-    }
-
-    /// `release --force`: deletes the node that holds the lock in `dir` (the hold node,
-    /// or the first queue node, whose owner's next renewal then fails).
-    pub(super) async fn break_lock(
-        &self,
-        client: &Client,
-        dir: &str,
-    ) -> Result<Option<Holder>, BackendError> {
-        let Some((holder, path)) = self.look(client, dir).await? else {
-            return Ok(None);
-        };
-        match client.delete(&path, None).await {
-            Ok(()) | Err(ZkError::NoNode) => Ok(Some(holder)),
-            Err(e) => Err(self.error(&e, &path)),
-        }
-    }
-
-    /// Deletes our node for `token` in `dir`: `path` if known, else every queue node
-    /// carrying the token (a creation whose answer was lost). NotOwner if none was there.
-    pub(super) async fn delete_ours(
-        &self,
-        client: &Client,
-        dir: &str,
-        token: &str,
-        path: Option<String>,
-    ) -> Result<(), BackendError> {
-        let paths = match path {
-            Some(p) => vec![p],
-            None => layout::queue(&self.children(client, dir).await?)
-                .into_iter()
-                .filter(|n| n.token == token)
-                .map(|n| format!("{dir}/{}", n.name))
-                .collect(),
-        };
-        let mut deleted = false;
-        for path in paths {
-            // The token in the name makes the node ours: no other lockrun has it.
-            match client.delete(&path, None).await {
-                Ok(()) => deleted = true,
-                Err(ZkError::NoNode) => {}
-                Err(e) if super::session_over(&e) => {}
-                Err(e) => return Err(self.error(&e, &path)),
-            }
-        }
-        if deleted {
-            Ok(())
-        } else {
-            Err(BackendError::NotOwner)
-        }
-    }
-
-    /// `Release::KeepFor`: in one atomic multi-request, deletes our node (failing if it
-    /// is gone: then it was not ours any more) and leaves a hold node that keeps the
-    /// lock `keep` longer by the server's clock.
-    pub(super) async fn keep_for(
-        &self,
-        client: &Client,
-        node: &OurNode,
-        keep: Duration,
-    ) -> Result<(), BackendError> {
-        let path = node.path.clone().unwrap_or_default();
-        let hold_path = format!("{}/{HOLD}", node.dir);
-        // When the lock was taken: the node's stamp (see `taken`), by the server's clock.
-        let since_ms = match client.check_stat(&path).await {
-            Ok(Some(stat)) => stat.mtime,
-            Ok(None) => return Err(BackendError::NotOwner),
-            Err(e) if super::session_over(&e) => return Err(BackendError::NotOwner),
-            Err(e) => return Err(self.error(&e, &path)),
-        };
-        let holder = layout::holder_from(&node.value, node.czxid, since_ms);
-        let value = layout::hold_value(&holder, keep);
-        let options = CreateMode::Persistent.with_acls(self.acls());
-        // A hold left over (one is deleted only by the next holder): overwrite it.
-        for overwrite in [false, true] {
-            let mut multi = client.new_multi_writer();
-            let built = multi
-                .add_delete(&path, None)
-                .and_then(|()| match overwrite {
-                    false => multi.add_create(&hold_path, &value, &options),
-                    true => multi.add_set_data(&hold_path, &value, None),
-                });
-            built.map_err(|e| self.error(&e, &hold_path))?;
-            match multi.commit().await {
-                Ok(_) => return Ok(()),
-                Err(MultiWriteError::OperationFailed { index: 0, source }) => {
-                    return match source {
-                        ZkError::NoNode => Err(BackendError::NotOwner),
-                        e => Err(self.error(&e, &path)),
-                    }
-                }
-                Err(MultiWriteError::OperationFailed {
-                    source: ZkError::NodeExists,
-                    ..
-                }) if !overwrite => {}
-                Err(MultiWriteError::OperationFailed { source, .. })
-                | Err(MultiWriteError::RequestFailed { source }) => {
-                    return match source {
-                        e if super::session_over(&e) => Err(BackendError::NotOwner),
-                        e => Err(self.error(&e, &hold_path)),
-                    }
-                }
-            }
-        }
-        Err(BackendError::Unavailable(format!(
-            "could not leave the hold node {hold_path} at ZooKeeper {}; try again",
-            self.at()
-        )))
+            })
+            .collect())
     }
 }

@@ -56,6 +56,10 @@ impl Target for ZkTarget {
     fn open(&self, config: &BackendConfig, waiting: bool) -> AnyBackend {
         AnyBackend::new(ZkBackend::new(self.clone(), config, waiting))
     }
+
+    fn semaphores(&self) -> bool {
+        true
+    }
 }
 
 /// Checks a `zk://` URL; the context's password wins over the URL's.

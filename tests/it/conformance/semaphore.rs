@@ -229,6 +229,30 @@ pub(super) fn semaphore_refuses_a_different_slot_count(start: Start) {
     h.scratch.touch("go");
     h.lockrun.wait().assert_code(0);
 
+    // A holder of slot 2 alone is seen by runs that would never look at slot 2 (a
+    // plain run looks at slot 0): they are refused too.
+    let mut three: Vec<SlotHolder> = (0..3)
+        .map(|_| slot_holder(&b, &["--slots", "3", "--ttl", "30s"]))
+        .collect();
+    for h in &mut three[..2] {
+        h.scratch.touch("go");
+        h.lockrun.wait().assert_code(0);
+    }
+    assert_eq!(three[2].slot, 2);
+    for other in [&["--slots", "2"][..], &[]] {
+        let mut cmd = b.run("job", other, &sh(r#"touch "$MARKER""#));
+        cmd.env("MARKER", s.path("marker"));
+        let f = run(cmd);
+        f.assert_failure(125);
+        assert!(
+            !s.exists("marker") && f.stderr.contains("--slots 3"),
+            "a run with {other:?} started beside a --slots 3 holder of slot 2: {}",
+            f.stderr
+        );
+    }
+    three[2].scratch.touch("go");
+    three[2].lockrun.wait().assert_code(0);
+
     // A plain holder refuses a semaphore in the same way.
     let mut plain = slot_holder(&b, &["--ttl", "30s"]);
     assert_eq!(plain.slot, 0, "a plain lock gets LOCKRUN_SLOT 0");

@@ -3,10 +3,13 @@
 //! file before the command starts and keeps growing across processes and a copy of
 //! the directory; one file per (prefix, name); `--hold-at-least` and `release --force`
 //! with a waiter; `status` never in the way of a run; no descriptor for the command.
-//! The refusals of unsafe directories and files are in `refusals`. The contract every
-//! backend keeps is tested in the conformance suite.
+//! The refusals of unsafe directories and files are in `refusals`; semaphores
+//! (`--slots N`: slots in one file, holders of another N refused, a crashed holder's
+//! slot free at once, waiters in order) in `slots`. The contract every backend keeps
+//! is tested in the conformance suite.
 
 mod refusals;
+mod slots;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

@@ -179,6 +179,15 @@ impl EtcdServer {
         self.get(key).is_some()
     }
 
+    /// Every key that begins with `prefix`, in etcd's (byte) order.
+    pub fn keys_with_prefix(&self, prefix: &str) -> Vec<String> {
+        let out = self.etcdctl(&["get", "--prefix", "--keys-only", prefix]);
+        out.lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// The seconds left on lease `id` (-1 when it does not exist).
     pub fn lease_ttl(&self, id: u64) -> i64 {
         self.json(&["lease", "timetolive", &format!("{id:x}")])["ttl"]
@@ -248,6 +257,15 @@ pub struct StoredKey {
 /// The etcd key of lock `name` under the default prefix.
 pub fn etcd_key(name: &str) -> String {
     format!("lockrun:{name}")
+}
+
+/// The etcd key of slot `slot` of semaphore `name` under the default prefix (slot 0 is
+/// the plain lock's key).
+pub fn etcd_slot_key(name: &str, slot: u32) -> String {
+    match slot {
+        0 => etcd_key(name),
+        i => format!("lockrun:{name}#{i}"),
+    }
 }
 
 fn spawn_etcd(data: &Path, log_path: &Path, port: u16, peer: u16) -> Result<Child, String> {

@@ -193,6 +193,12 @@ pub struct SlotSpan {
     pub start: Duration,
     /// When it ended.
     pub end: Duration,
+    /// When its lockrun was started, before it asked for a slot (zero: not known).
+    /// Tokens follow the order of acquisitions, which across slots is not the order in
+    /// which sections start (a holder whose command is slow to start may begin after a
+    /// later holder's whole section): a section that ended before another's lockrun
+    /// was even started is the order that the tokens must follow.
+    pub asked: Duration,
 }
 
 /// The most sections of `spans` that were inside at one instant.
@@ -257,7 +263,7 @@ pub fn crowded(spans: &[SlotSpan], slots: u32) -> Vec<(usize, Vec<usize>)> {
 /// Everything wrong with the history of a semaphore of `slots` slots, one line each:
 /// more than `slots` inside at once, a slot out of range, two overlapping sections on
 /// one slot, a token used twice, and a section with a token not above that of one
-/// that ended before it started.
+/// that ended before its lockrun was started ([`SlotSpan::asked`]).
 pub fn semaphore_violations(spans: &[SlotSpan], slots: u32) -> Vec<String> {
     let mut found = Vec::new();
     let most = most_inside(spans);
@@ -279,13 +285,12 @@ pub fn semaphore_violations(spans: &[SlotSpan], slots: u32) -> Vec<String> {
             a.slot, a.token, a.start, a.end, b.token, b.start, b.end
         ));
     }
-    for (i, a) in spans.iter().enumerate() {
-        for b in &spans[i + 1..] {
-            let (first, then) = if a.end <= b.start { (a, b) } else { (b, a) };
-            if first.end <= then.start && then.token <= first.token {
+    for a in spans {
+        for b in spans {
+            if a.end <= b.asked && b.token <= a.token {
                 found.push(format!(
-                    "token {} ended before token {} started",
-                    first.token, then.token
+                    "token {} ended before the lockrun of token {} was started",
+                    a.token, b.token
                 ));
             }
         }
@@ -302,9 +307,9 @@ pub fn semaphore_violations(spans: &[SlotSpan], slots: u32) -> Vec<String> {
 /// the slot's directory (mkdir fails if another section holds the same slot).
 const SLOT_SECTION: &str = r#"
     mkdir "$INSIDE.$LOCKRUN_SLOT" 2>/dev/null || echo "slot $LOCKRUN_SLOT taken at start of $LOCKRUN_FENCING_TOKEN" >> "$BAD"
-    echo "S $(date +%s%N) $LOCKRUN_FENCING_TOKEN $LOCKRUN_SLOT" >> "$HIST"
+    echo "S $(date +%s%N) $LOCKRUN_FENCING_TOKEN $LOCKRUN_SLOT $ASKED" >> "$HIST"
     sleep "$HOLD"
-    echo "E $(date +%s%N) $LOCKRUN_FENCING_TOKEN $LOCKRUN_SLOT" >> "$HIST"
+    echo "E $(date +%s%N) $LOCKRUN_FENCING_TOKEN $LOCKRUN_SLOT $ASKED" >> "$HIST"
     rmdir "$INSIDE.$LOCKRUN_SLOT" 2>/dev/null || echo "slot $LOCKRUN_SLOT taken at end of $LOCKRUN_FENCING_TOKEN" >> "$BAD"
 "#;
 
@@ -322,9 +327,15 @@ impl SlotSections {
         vec!["sh", "-c", SLOT_SECTION]
     }
 
-    /// Gives `cmd` the section's environment.
+    /// Gives `cmd` the section's environment, with the time now (wall clock, as
+    /// `date +%s%N` reads it) as when its lockrun was started: call it right before
+    /// spawning `cmd`.
     pub fn env(&self, cmd: &mut Command) {
         self.0.env(cmd);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970");
+        cmd.env("ASKED", now.as_nanos().to_string());
     }
 
     /// The sections recorded so far.
@@ -333,7 +344,8 @@ impl SlotSections {
         let mut spans = Vec::new();
         for line in self.0.scratch.read("hist").lines() {
             let f: Vec<&str> = line.split(' ').collect();
-            assert_eq!(f.len(), 4, "bad history line {line:?}");
+            assert_eq!(f.len(), 5, "bad history line {line:?}");
+            let asked = Duration::from_nanos(f[4].parse().expect("a time in ns"));
             let at = Duration::from_nanos(f[1].parse().expect("a time in ns"));
             let token = u64::try_from(parse_token(f[2])).expect("a token that fits u64");
             let slot: u32 = f[3].parse().expect("LOCKRUN_SLOT is a number");
@@ -352,6 +364,7 @@ impl SlotSections {
                         slot,
                         start,
                         end: at,
+                        asked,
                     });
                 }
             }
@@ -386,12 +399,14 @@ impl SlotSections {
 mod semaphore_checker {
     use super::*;
 
+    /// A section whose lockrun was started 1 ms before it.
     fn span(token: u64, slot: u32, start_ms: u64, end_ms: u64) -> SlotSpan {
         SlotSpan {
             token,
             slot,
             start: Duration::from_millis(start_ms),
             end: Duration::from_millis(end_ms),
+            asked: Duration::from_millis(start_ms.saturating_sub(1)),
         }
     }
 
@@ -437,8 +452,19 @@ mod semaphore_checker {
         assert!(semaphore_violations(&same_slot, 2)[0].contains("slot 0 held twice"));
         let out_of_range = [span(1, 2, 0, 100)];
         assert!(semaphore_violations(&out_of_range, 2)[0].contains("slot 2 of 2"));
-        let backwards = [span(5, 0, 0, 100), span(4, 1, 100, 200)];
-        assert!(semaphore_violations(&backwards, 2)[0].contains("token 5 ended before token 4"));
+        let backwards = [span(5, 0, 0, 100), span(4, 1, 101, 200)];
+        assert!(semaphore_violations(&backwards, 2)[0]
+            .contains("token 5 ended before the lockrun of token 4 was started"));
+        // A holder whose command started late, after a later holder's whole section,
+        // is not out of order: its lockrun was started (and asked) first.
+        let late_start = SlotSpan {
+            asked: Duration::ZERO,
+            ..span(4, 1, 150, 200)
+        };
+        assert_eq!(
+            semaphore_violations(&[span(5, 0, 10, 100), late_start], 2),
+            Vec::<String>::new()
+        );
         let reused = [span(5, 0, 0, 100), span(5, 1, 0, 100)];
         assert!(semaphore_violations(&reused, 2)
             .iter()

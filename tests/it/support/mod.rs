@@ -37,7 +37,7 @@ use std::time::Duration;
 
 pub use backends::{Backend, FileService, Postgres, Quorum, SentinelService, Service};
 pub use clock::{boottime, FakeClock};
-pub use etcd::{etcd_key, EtcdServer};
+pub use etcd::{etcd_key, etcd_slot_key, EtcdServer};
 pub use history::{
     crowded, most_inside, overlaps, reused_tokens, slot_overlaps, Sections, SlotSections, SlotSpan,
     Span,

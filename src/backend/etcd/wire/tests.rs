@@ -38,7 +38,7 @@ fn kv_requests_have_etcds_field_numbers() {
     let txn = TxnRequest {
         compare: vec![absent],
         success: vec![RequestOp::put("k", "v", 5)],
-        failure: vec![RequestOp::range("k")],
+        failure: vec![RequestOp::range_of("k", "")],
     };
     let mut want = vec![0x0a, 7, 0x10, 1, 0x1a, 1, b'k', 0x28, 0];
     want.extend([0x12, 10, 0x12, 8]);
@@ -47,6 +47,35 @@ fn kv_requests_have_etcds_field_numbers() {
     assert_eq!(bytes(&txn), want);
     // request_delete_range = 3.
     assert_eq!(bytes(&RequestOp::delete("k")), [0x1a, 3, 0x0a, 1, b'k']);
+}
+
+#[test]
+fn ranges_have_etcds_field_numbers() {
+    // RangeRequest: range_end = 2 (0x12), inside request_range = 1.
+    assert_eq!(
+        bytes(&RequestOp::range_of("k", "l")),
+        [0x0a, 6, 0x0a, 1, b'k', 0x12, 1, b'l']
+    );
+    // Compare.range_end = 64: the tag (64 << 3 | 2 = 514) is the varint 0x82 0x04.
+    let none = Compare::none_in("k", "l");
+    assert_eq!(
+        bytes(&none),
+        [0x10, 1, 0x1a, 1, b'k', 0x28, 0, 0x82, 0x04, 1, b'l']
+    );
+    // result = 1 (0x08) LESS = 2; MOD = 2; mod_revision = 6 (0x30).
+    let unchanged = Compare::unchanged_in("k", "l", 9);
+    assert_eq!(
+        bytes(&unchanged),
+        [0x08, 2, 0x10, 2, 0x1a, 1, b'k', 0x30, 9, 0x82, 0x04, 1, b'l']
+    );
+    // WatchCreateRequest: range_end = 2 (0x12).
+    let watch = WatchCreateRequest {
+        key: b"k".to_vec(),
+        range_end: b"l".to_vec(),
+        start_revision: 5,
+        filters: vec![],
+    };
+    assert_eq!(bytes(&watch), [0x0a, 1, b'k', 0x12, 1, b'l', 0x18, 5]);
 }
 
 #[test]
@@ -115,6 +144,7 @@ fn watch_messages_have_etcds_field_numbers() {
     let create = WatchRequest {
         request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
             key: b"k".to_vec(),
+            range_end: Vec::new(),
             start_revision: 5,
             filters: vec![FilterType::NoPut as i32],
         })),

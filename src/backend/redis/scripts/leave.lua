@@ -1,4 +1,4 @@
--- KEYS: queue, alive. ARGV: waiter_id.
+-- KEYS: queue, alive. ARGV: waiter_id. Forgets the waiter (and its woken mark).
 redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1], 'w:' .. ARGV[1])
 return 1

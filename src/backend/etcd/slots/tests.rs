@@ -1,0 +1,267 @@
+//! Tests of [`super`]: slot and waiter keys, a waiter's place, the choice made from a
+//! read, and the transactions.
+
+use super::*;
+use crate::backend::etcd::wire::{CompareResult, CompareTarget, Request, TargetUnion};
+
+/// The keys of "job" for a semaphore of 3.
+fn job() -> SlotKeys {
+    SlotKeys::new("lockrun:", "job", 3)
+}
+
+/// The keys of "job" for a plain lock.
+fn plain() -> SlotKeys {
+    SlotKeys::new("lockrun:", "job", 1)
+}
+
+/// A stored key of slot `slot` of "job", with `value`, at revision `rev`.
+fn kv(slot: u32, value: &str, rev: i64) -> KeyValue {
+    KeyValue {
+        key: job().key(slot).into_bytes(),
+        create_revision: rev,
+        mod_revision: rev,
+        value: value.as_bytes().to_vec(),
+        lease: 7,
+    }
+}
+
+/// A waiter's key on lease `lease`, created at `rev`.
+fn waiter(lease: i64, rev: i64) -> KeyValue {
+    KeyValue {
+        key: job().waiter_key(lease).into_bytes(),
+        create_revision: rev,
+        mod_revision: rev,
+        value: Vec::new(),
+        lease,
+    }
+}
+
+/// A holder's value of a semaphore of `slots`.
+fn of(slots: u32) -> String {
+    format!(r#"{{"token":"t","host":"h","pid":1,"since_ms":1,"slots":{slots}}}"#)
+}
+
+const PLAIN: &str = r#"{"token":"t","host":"h","pid":1,"since_ms":1}"#;
+
+/// The slots held by `slots` (slot, value), created at revisions 10, 11, ...
+fn held(slots: &[(u32, &str)]) -> Held {
+    let kvs = slots
+        .iter()
+        .enumerate()
+        .map(|(i, &(slot, value))| kv(slot, value, 10 + i as i64));
+    job().read(kvs).held
+}
+
+#[test]
+fn slot_0_is_the_plain_locks_key_and_the_others_follow_a_hash() {
+    let k = job();
+    assert_eq!(k.key(0), "lockrun:job");
+    assert_eq!(k.key(1), "lockrun:job#1");
+    assert_eq!(k.key(999), "lockrun:job#999");
+    assert_eq!(k.start(), b"lockrun:job");
+    assert_eq!(k.end(), b"lockrun:job$");
+    // Every slot key lies in [start, end); no key of another name does (names cannot
+    // hold '#' or '%', and every byte a name may hold sorts after '&').
+    for slot in [0, 1, 9, 10, 999, u32::MAX] {
+        let key = k.key(slot).into_bytes();
+        assert!(k.start() <= key.as_slice() && key < k.end(), "{slot}");
+        assert_eq!(k.slot_of(&key), Some(slot));
+    }
+    for other in ["jobs", "job-1", "job.x", "job:1", "job/1", "job_1", "jo"] {
+        let key = SlotKeys::new("lockrun:", other, 1).key(0).into_bytes();
+        assert!(
+            !(k.start() <= key.as_slice() && key < k.read_end()),
+            "{other}"
+        );
+        assert_eq!(k.slot_of(&key), None, "{other}");
+    }
+}
+
+#[test]
+fn only_canonical_slot_keys_are_slots() {
+    let k = job();
+    for foreign in [
+        "lockrun:job#",
+        "lockrun:job#0",
+        "lockrun:job#01",
+        "lockrun:job#1x",
+        "lockrun:job#-1",
+        "lockrun:job#4294967296",
+        "lockrun:job!1",
+        "lockrun:job 1",
+        "lockrun:jo",
+    ] {
+        assert_eq!(k.slot_of(foreign.as_bytes()), None, "{foreign}");
+    }
+    let mut stray = kv(0, PLAIN, 3);
+    stray.key = b"lockrun:job!x".to_vec();
+    let read = k.read([kv(2, &of(3), 4), stray, waiter(9, 6), kv(0, &of(3), 5)]);
+    assert_eq!(read.held.keys().copied().collect::<Vec<_>>(), [0, 2]);
+    assert_eq!(read.queue, [waiter(9, 6)]);
+}
+
+#[test]
+fn waiter_keys_are_a_range_of_their_own_after_the_slots() {
+    let k = job();
+    assert_eq!(k.waiter_key(0x2a), "lockrun:job%000000000000002a");
+    assert_eq!(k.read_end(), b"lockrun:job&");
+    let w = k.waiter_key(i64::MAX).into_bytes();
+    assert!(k.end() <= w && w < k.read_end());
+    assert_eq!(k.slot_of(&w), None);
+    // A plain lock has no queue: its reads cover the slots alone.
+    assert_eq!(plain().read_end(), b"lockrun:job$");
+    assert!(!plain().queued() && job().queued());
+}
+
+#[test]
+fn a_waiters_place_counts_those_who_queued_before_it() {
+    let queue = [waiter(1, 30), waiter(2, 10), waiter(3, 20), waiter(4, 50)];
+    let ours = job().waiter_key(3).into_bytes();
+    let p = place(&queue, &ours, 20);
+    assert_eq!(p.ahead, 1);
+    assert_eq!(p.next_ahead, Some(job().waiter_key(2).into_bytes()));
+    // A newcomer, whose key the read did not see yet, comes after every one.
+    let newcomer = job().waiter_key(5).into_bytes();
+    let p = place(&queue, &newcomer, 60);
+    assert_eq!(p.ahead, 4);
+    assert_eq!(p.next_ahead, Some(job().waiter_key(4).into_bytes()));
+    let first = job().waiter_key(2).into_bytes();
+    assert_eq!(place(&queue, &first, 10), Place::default());
+    assert_eq!(place(&[], &ours, 20), Place::default());
+}
+
+#[test]
+fn the_lowest_free_slot_is_taken() {
+    assert_eq!(choose(&held(&[]), 3, 0), Choice::Take(0));
+    assert_eq!(choose(&held(&[(0, &of(3))]), 3, 0), Choice::Take(1));
+    let gap = held(&[(0, &of(3)), (2, &of(3))]);
+    assert_eq!(choose(&gap, 3, 0), Choice::Take(1));
+    let low = held(&[(1, &of(3)), (2, &of(3))]);
+    assert_eq!(choose(&low, 3, 0), Choice::Take(0));
+    let full = held(&[(0, &of(3)), (1, &of(3)), (2, &of(3))]);
+    assert_eq!(choose(&full, 3, 0), Choice::Busy);
+    assert_eq!(choose(&held(&[(0, PLAIN)]), 1, 0), Choice::Busy);
+    assert_eq!(choose(&held(&[]), 1, 0), Choice::Take(0));
+}
+
+#[test]
+fn a_free_slot_goes_to_the_waiters_who_came_first() {
+    // Two free slots: the two first waiters may take one each, the third waits.
+    let one_held = held(&[(1, &of(3))]);
+    assert_eq!(choose(&one_held, 3, 0), Choice::Take(0));
+    assert_eq!(choose(&one_held, 3, 1), Choice::Take(0));
+    assert_eq!(choose(&one_held, 3, 2), Choice::Busy);
+    assert_eq!(choose(&held(&[]), 3, 3), Choice::Busy);
+    // A conflict is refused whatever the place.
+    assert_eq!(choose(&held(&[(0, PLAIN)]), 3, 5), Choice::Conflict(1));
+}
+
+#[test]
+fn a_holder_taken_with_another_n_is_a_conflict() {
+    // A plain holder (or a record from before semaphores) is a holder of 1.
+    assert_eq!(choose(&held(&[(0, PLAIN)]), 3, 0), Choice::Conflict(1));
+    let foreign = held(&[(0, "not json")]);
+    assert_eq!(choose(&foreign, 3, 0), Choice::Conflict(1));
+    // A semaphore's holders, seen by a plain acquirer, even with slot 0 free.
+    assert_eq!(choose(&held(&[(0, &of(2))]), 1, 0), Choice::Conflict(2));
+    assert_eq!(choose(&held(&[(1, &of(3))]), 1, 0), Choice::Conflict(3));
+    // A larger N, on a slot we would not even look at.
+    assert_eq!(choose(&held(&[(5, &of(8))]), 3, 0), Choice::Conflict(8));
+    // A conflict wins over a free slot and over a full semaphore.
+    let mixed = held(&[(0, &of(3)), (1, &of(4))]);
+    assert_eq!(choose(&mixed, 3, 0), Choice::Conflict(4));
+    // A record claiming our N on a slot beyond it was taken with more.
+    assert_eq!(choose(&held(&[(4, &of(3))]), 3, 0), Choice::Conflict(5));
+}
+
+#[test]
+fn the_first_try_puts_slot_0_only_if_no_key_of_the_name_exists() {
+    let txn = first_try(&plain(), "v", 42);
+    assert_eq!(
+        txn.compare,
+        [
+            Compare::created_at("lockrun:job", 0),
+            Compare::none_in("lockrun:job#", "lockrun:job$"),
+        ]
+    );
+    assert_eq!(txn.success, [RequestOp::put("lockrun:job", "v", 42)]);
+    assert_eq!(
+        txn.failure,
+        [RequestOp::range_of("lockrun:job", "lockrun:job$")]
+    );
+    // A semaphore's also needs nobody waiting, and queues us when it fails.
+    let txn = first_try(&job(), "v", 42);
+    assert_eq!(
+        txn.compare,
+        [
+            Compare::created_at("lockrun:job", 0),
+            Compare::none_in("lockrun:job#", "lockrun:job$"),
+            Compare::none_in("lockrun:job%", "lockrun:job&"),
+        ]
+    );
+    assert_eq!(txn.success, [RequestOp::put("lockrun:job", "v", 42)]);
+    assert_eq!(
+        txn.failure,
+        [
+            RequestOp::range_of("lockrun:job", "lockrun:job&"),
+            RequestOp::put("lockrun:job%000000000000002a", "", 42),
+        ]
+    );
+}
+
+#[test]
+fn taking_a_slot_checks_it_is_free_and_nothing_changed_since_the_read() {
+    let read = held(&[(0, &of(4)), (1, &of(4)), (3, &of(4))]);
+    let four = SlotKeys::new("lockrun:", "job", 4);
+    let txn = take(&four, &read, 20, 2, "v", 42);
+    assert_eq!(
+        txn.compare,
+        [
+            Compare::created_at("lockrun:job#2", 0),
+            Compare::unchanged_in("lockrun:job", "lockrun:job$", 21),
+            Compare::modified_at("lockrun:job", 10),
+            Compare::modified_at("lockrun:job#1", 11),
+        ]
+    );
+    let unchanged = &txn.compare[1];
+    assert_eq!(unchanged.result, CompareResult::Less as i32);
+    assert_eq!(unchanged.target, CompareTarget::Mod as i32);
+    assert_eq!(unchanged.target_union, Some(TargetUnion::ModRevision(21)));
+    // Our waiter key goes with the take.
+    assert_eq!(
+        txn.success,
+        [
+            RequestOp::put("lockrun:job#2", "v", 42),
+            RequestOp::delete("lockrun:job%000000000000002a"),
+        ]
+    );
+    assert_eq!(
+        txn.failure,
+        [RequestOp::range_of("lockrun:job", "lockrun:job&")]
+    );
+    let Some(Request::Put(put)) = &txn.success[0].request else {
+        panic!("no put in {txn:?}")
+    };
+    assert_eq!(put.lease, 42);
+    // A plain lock has no waiter key, and reads its slots alone.
+    let txn = take(&plain(), &Held::new(), 20, 0, "v", 42);
+    assert_eq!(txn.success, [RequestOp::put("lockrun:job", "v", 42)]);
+    assert_eq!(
+        txn.failure,
+        [RequestOp::range_of("lockrun:job", "lockrun:job$")]
+    );
+}
+
+#[test]
+fn a_take_never_has_more_compares_than_etcd_allows() {
+    let value = of(1000);
+    let many: Vec<(u32, &str)> = (0..999).map(|slot| (slot, value.as_str())).collect();
+    let read = held(&many);
+    assert_eq!(choose(&read, 1000, 0), Choice::Take(999));
+    let txn = take(&job(), &read, 5000, 999, "v", 1);
+    assert_eq!(txn.compare.len(), MAX_TXN_COMPARES);
+    assert_eq!(txn.compare[0], Compare::created_at("lockrun:job#999", 0));
+    // A small semaphore compares every held slot below the one taken.
+    let read = held(&many[..126]);
+    assert_eq!(take(&job(), &read, 5000, 126, "v", 1).compare.len(), 128);
+}

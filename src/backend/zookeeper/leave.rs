@@ -1,0 +1,217 @@
+//! Leaving the queue of one lock, as methods of [`ZkBackend`]: deleting our node
+//! (with our slot node, for a semaphore's that claimed one, in the same multi-request:
+//! a slot node never outlives its owner's queue node) and the `--hold-at-least`
+//! hand-over to a hold node. Part of [`super`].
+
+use std::time::Duration;
+
+use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError};
+
+use super::layout::{self, hold_name, slot_name};
+use super::{session_over, Claim, OurNode, ZkBackend};
+use crate::backend::BackendError;
+
+impl ZkBackend {
+    /// Deletes our `node`: its path if known, else every queue node carrying its token
+    /// (a creation whose answer was lost); with the slot node of its claim. NotOwner if
+    /// none was there.
+    pub(super) async fn delete_ours(
+        &self,
+        client: &Client,
+        node: &OurNode,
+    ) -> Result<(), BackendError> {
+        let dir = &node.dir;
+        let nodes: Vec<(String, Claim)> = match &node.path {
+            Some(p) => vec![(p.clone(), node.claim)],
+            // A semaphore's node seen only in a listing may have claimed a slot.
+            None => layout::queue(&self.children(client, dir).await?)
+                .into_iter()
+                .filter(|n| n.token == node.token)
+                .map(|n| {
+                    let claim = match n.slots {
+                        1 => Claim::Unclaimed,
+                        _ => Claim::Sent,
+                    };
+                    (format!("{dir}/{}", n.name), claim)
+                })
+                .collect(),
+        };
+        let mut deleted = false;
+        for (path, claim) in nodes {
+            // The token in the name makes the node ours: no other lockrun has it.
+            let gone = match claim {
+                Claim::Unclaimed => client.delete(&path, None).await.map(|()| true),
+                Claim::Sent => self.delete_claimed(client, dir, &path).await,
+                Claim::Held {
+                    slot, hold_version, ..
+                } => {
+                    self.delete_held(client, dir, &path, slot, hold_version)
+                        .await
+                }
+            };
+            match gone {
+                Ok(true) => deleted = true,
+                Ok(false) | Err(ZkError::NoNode) => {}
+                Err(e) if session_over(&e) => {}
+                Err(e) => return Err(self.error(&e, &path)),
+            }
+        }
+        if deleted {
+            Ok(())
+        } else {
+            Err(BackendError::NotOwner)
+        }
+    }
+
+    /// Deletes our queue node at `path`, which holds `slot`, with the slot node and the
+    /// slot's over hold node the claim found (of `hold_version`: only the holder of
+    /// the slot writes it, so it is the same one, unless `release --force` removed it).
+    async fn delete_held(
+        &self,
+        client: &Client,
+        dir: &str,
+        path: &str,
+        slot: u32,
+        hold_version: Option<i32>,
+    ) -> Result<bool, ZkError> {
+        let slot_path = format!("{dir}/{}", slot_name(slot));
+        let hold_path = format!("{dir}/{}", hold_name(slot));
+        for hold in [hold_version, None] {
+            let mut ops = vec![(path, None), (slot_path.as_str(), None)];
+            if let Some(v) = hold {
+                ops.push((hold_path.as_str(), Some(v)));
+            }
+            match delete_all(client, &ops).await {
+                Ok(()) => return Ok(true),
+                Err((2, _)) => {} // the hold was removed meanwhile: without it
+                Err((0, ZkError::NoNode)) => return Ok(false),
+                // The slot node alone is gone (not lockrun's doing): the queue node.
+                Err((1, ZkError::NoNode)) => return client.delete(path, None).await.map(|()| true),
+                Err((_, e)) => return Err(e),
+            }
+        }
+        Ok(false)
+    }
+
+    /// Deletes our queue node at `path` whose claim's answer was lost: its value says
+    /// whether the claim applied, and which slot; the node's version makes sure no
+    /// claim applies between that read and the deletion.
+    async fn delete_claimed(
+        &self,
+        client: &Client,
+        dir: &str,
+        path: &str,
+    ) -> Result<bool, ZkError> {
+        for _ in 0..3 {
+            let (value, stat) = match client.get_data(path).await {
+                Ok(found) => found,
+                Err(ZkError::NoNode) => return Ok(false),
+                Err(e) => return Err(e),
+            };
+            let slot_path = layout::slot_in(&value).map(|s| format!("{dir}/{}", slot_name(s)));
+            let mut ops = vec![(path, Some(stat.version))];
+            ops.extend(slot_path.as_deref().map(|p| (p, None)));
+            match delete_all(client, &ops).await {
+                Ok(()) => return Ok(true),
+                Err((0, ZkError::BadVersion)) => {} // a claim applied meanwhile: again
+                Err((0, ZkError::NoNode)) => return Ok(false),
+                Err((1, ZkError::NoNode)) => {
+                    return client.delete(path, Some(stat.version)).await.map(|()| true)
+                }
+                Err((_, e)) => return Err(e),
+            }
+        }
+        Err(ZkError::BadVersion)
+    }
+
+    /// `Release::KeepFor`: in one atomic multi-request, deletes our node (failing if it
+    /// is gone: then it was not ours any more), a semaphore's slot node with it, and
+    /// leaves the slot's hold node that keeps it (the lock, for a plain lock) `keep`
+    /// longer by the server's clock.
+    pub(super) async fn keep_for(
+        &self,
+        client: &Client,
+        node: &OurNode,
+        keep: Duration,
+    ) -> Result<(), BackendError> {
+        let path = node.path.clone().unwrap_or_default();
+        let (since_ms, zxid, slot, left_over) = match node.claim {
+            Claim::Held {
+                slot,
+                zxid,
+                since_ms,
+                hold_version,
+            } => (since_ms, zxid, Some(slot), hold_version.is_some()),
+            // A semaphore's node that holds no slot holds nothing to keep.
+            _ if self.slots > 1 => return self.delete_ours(client, node).await,
+            // When the lock was taken: the node's stamp (see `taken`), by the server's
+            // clock.
+            _ => match client.check_stat(&path).await {
+                Ok(Some(stat)) => (stat.mtime, node.czxid, None, false),
+                Ok(None) => return Err(BackendError::NotOwner),
+                Err(e) if session_over(&e) => return Err(BackendError::NotOwner),
+                Err(e) => return Err(self.error(&e, &path)),
+            },
+        };
+        let hold_path = format!("{}/{}", node.dir, hold_name(slot.unwrap_or(0)));
+        let slot_path = slot.map(|s| format!("{}/{}", node.dir, slot_name(s)));
+        let holder = layout::holder_from(&node.value, node.czxid, zxid, since_ms);
+        let value = layout::hold_value(&holder, keep);
+        let options = CreateMode::Persistent.with_acls(self.acls());
+        let hold_at = 1 + usize::from(slot_path.is_some());
+        // A hold left over (one is deleted only by the slot's next holder): overwrite
+        // it; first, when our claim found one.
+        for overwrite in [left_over, !left_over] {
+            let mut multi = client.new_multi_writer();
+            let built = multi
+                .add_delete(&path, None)
+                .and_then(|()| match &slot_path {
+                    Some(p) => multi.add_delete(p, None),
+                    None => Ok(()),
+                })
+                .and_then(|()| match overwrite {
+                    false => multi.add_create(&hold_path, &value, &options),
+                    true => multi.add_set_data(&hold_path, &value, None),
+                });
+            built.map_err(|e| self.error(&e, &hold_path))?;
+            match multi.commit().await {
+                Ok(_) => return Ok(()),
+                Err(MultiWriteError::OperationFailed { index, source }) if index < hold_at => {
+                    return match source {
+                        ZkError::NoNode => Err(BackendError::NotOwner),
+                        e => Err(self.error(&e, &path)),
+                    }
+                }
+                Err(MultiWriteError::OperationFailed {
+                    source: ZkError::NodeExists | ZkError::NoNode,
+                    ..
+                }) => {}
+                Err(MultiWriteError::OperationFailed { source, .. })
+                | Err(MultiWriteError::RequestFailed { source }) => {
+                    return match source {
+                        e if session_over(&e) => Err(BackendError::NotOwner),
+                        e => Err(self.error(&e, &hold_path)),
+                    }
+                }
+            }
+        }
+        Err(BackendError::Unavailable(format!(
+            "could not leave the hold node {hold_path} at ZooKeeper {}; try again",
+            self.at()
+        )))
+    }
+}
+
+/// Deletes every `(path, version)` of `ops` in one multi-request (all or none); the
+/// index and error of the operation that failed.
+async fn delete_all(client: &Client, ops: &[(&str, Option<i32>)]) -> Result<(), (usize, ZkError)> {
+    let mut multi = client.new_multi_writer();
+    for (path, version) in ops {
+        multi.add_delete(path, *version).map_err(|e| (0, e))?;
+    }
+    match multi.commit().await {
+        Ok(_) => Ok(()),
+        Err(MultiWriteError::OperationFailed { index, source }) => Err((index, source)),
+        Err(MultiWriteError::RequestFailed { source }) => Err((usize::MAX, source)),
+    }
+}
