@@ -365,13 +365,28 @@ fn a_semaphores_slots_are_rows_of_their_own() {
     }
     let stored = rows(&t);
     let keys: Vec<String> = stored.iter().map(|r| r.0.clone()).collect();
-    assert_eq!(keys, ["lockrun:job", "lockrun:job#1", "lockrun:job#2"]);
+    let limit = "lockrun:job#slots";
+    assert_eq!(
+        keys,
+        ["lockrun:job", "lockrun:job#1", "lockrun:job#2", limit]
+    );
     for (name, token, live) in &stored {
         assert!(*live, "{name} is not held");
         let (hex, n) = token.split_once('/').expect("a token with its N");
         assert_eq!(n, "3", "{name}: {token}");
-        assert!(hex.len() >= 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()));
+        match name.as_str() {
+            name if name == limit => assert_eq!(hex, ""),
+            _ => assert!(hex.len() >= 16 && hex.bytes().all(|b| b.is_ascii_hexdigit())),
+        }
     }
+    // The limit row lasts as long as the last lease of a slot.
+    let covers = t.db.value(&format!(
+        "SELECT (l.expires_at >= max(s.expires_at))::text FROM {0} l, {0} s \
+         WHERE l.name = '{limit}' AND s.name LIKE 'lockrun:job%' AND s.name <> l.name \
+         GROUP BY l.expires_at",
+        t.name
+    ));
+    assert_eq!(covers.as_deref(), Some("true"));
     let tokens: Vec<u128> = holders.iter().map(|h| h.1).collect();
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
     // Full: busy, without running the command.
@@ -716,13 +731,14 @@ fn queue(t: &Table) -> (u32, u32) {
     (g.parse().unwrap_or(0), w.parse().unwrap_or(0))
 }
 
+/// A lockrun whose command runs [`HOLD_SLOT`] in its scratch directory.
+type Run = (Running, Scratch);
+
 /// Two holders of a semaphore of 2, then two waiters, the first at the head of the
 /// queue: returns them (holders, waiters) once the server shows that queue.
-fn full_semaphore_with_two_waiters(
-    t: &Table,
-) -> (Vec<(Running, Scratch)>, Vec<(Running, Scratch)>) {
+fn full_semaphore_with_two_waiters(t: &Table) -> (Vec<Run>, Vec<Run>) {
     let opts = ["--slots", "2", "--ttl", "30s", "--renew-every", "1s"];
-    let holders: Vec<(Running, Scratch)> = (0..2)
+    let holders: Vec<Run> = (0..2)
         .map(|_| {
             let s = Scratch::new();
             let (r, _, _) = hold_slot(t, "job", &s, &opts);
@@ -823,4 +839,57 @@ fn a_queued_waiter_gives_up_when_its_wait_runs_out() {
         s.touch("go");
         r.wait().assert_code(0);
     }
+}
+
+/// The limit row (`KEY#slots`): a holder of slot 1 alone refuses a plain run through
+/// it; a renewal writes it again if it went; `--hold-at-least` of the last holder
+/// makes it end with that holder's kept lease, not with the lease before.
+#[test]
+fn the_limit_row_follows_the_holders_leases() {
+    let t = Table::private();
+    let limit = |t: &Table| {
+        t.sql(
+            "job",
+            "SELECT token || ' ' || (expires_at > now())::text FROM $T WHERE name = $K || '#slots'",
+        )
+    };
+    let opts = ["--slots", "2", "--ttl", "30s", "--renew-every", "200ms"];
+    let (s0, s1) = (Scratch::new(), Scratch::new());
+    let (mut first, _, _) = hold_slot(&t, "job", &s0, &opts);
+    let kept = [&opts[..], &["--hold-at-least", "1500ms"]].concat();
+    let (mut second, slot, _) = hold_slot(&t, "job", &s1, &kept);
+    assert_eq!(slot, 1);
+    s0.touch("go");
+    first.wait().assert_code(0);
+    assert_eq!(limit(&t).as_deref(), Some("/2 true"));
+    t.sql(
+        "job",
+        "DELETE FROM $T WHERE name = $K || '#slots' RETURNING 1",
+    );
+    wait_until("a renewal writes the limit row again", WAIT, || {
+        limit(&t).as_deref() == Some("/2 true")
+    });
+    let f = run(t.run("job", &[], &["true"]));
+    f.assert_failure(125);
+    assert!(
+        f.stderr.contains("--slots 2, not a plain lock"),
+        "{}",
+        f.stderr
+    );
+    s1.touch("go");
+    second.wait().assert_code(0);
+    let same = t.sql(
+        "job",
+        "SELECT (l.expires_at = s.expires_at)::text FROM $T l, $T s \
+         WHERE l.name = $K || '#slots' AND s.name = $K || '#1'",
+    );
+    assert_eq!(
+        same.as_deref(),
+        Some("true"),
+        "the limit row outlives the kept slot"
+    );
+    wait_until("the kept slot ends", WAIT, || {
+        limit(&t).as_deref() == Some("/2 false")
+    });
+    run(t.run("job", &[], &["true"])).assert_code(0);
 }

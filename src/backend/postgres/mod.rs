@@ -74,6 +74,7 @@
 
 mod errors;
 mod requests;
+mod slots;
 mod sql;
 mod target;
 mod tls;
@@ -93,7 +94,8 @@ use tokio_postgres::{AsyncMessage, Client, Connection as PgConnection, NoTls, Ro
 use crate::backend::conn::{Connection, InUse, Slot, Wakeups};
 use crate::backend::BackendError;
 use crate::config::BackendConfig;
-use sql::{channel, name_lock, Sql, SESSION};
+use slots::name_lock;
+use sql::{channel, Sql, SESSION};
 pub use target::{PgArgs, PostgresTarget, KIND};
 
 /// The longest a polite close may take before the connection is just dropped.
@@ -267,11 +269,6 @@ impl PostgresBackend {
                 Err(e) => return c.settle(Err(self.error(&e))),
             }
         }
-    }
-
-    /// Like [`PostgresBackend::query`], for a statement whose row count is the answer.
-    async fn count(&self, sql: &str, params: &Params<'_>) -> Result<usize, BackendError> {
-        Ok(self.query(sql, params, Missing::Create).await?.len())
     }
 
     async fn create_table(&self, client: &Client) -> Result<(), BackendError> {

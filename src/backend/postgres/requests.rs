@@ -11,8 +11,9 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
-use super::sql::{join_queue, leave_queue, millis, name_lock_id, queue_lock_id};
-use super::sql::{slot_key, slot_keys, stored_token, OnToken};
+use super::slots::{join_queue, leave_queue, limit_key, name_lock_id, queue_lock_id};
+use super::slots::{slot_key, slot_keys, stored_token};
+use super::sql::{millis, OnToken};
 use super::{Missing, Params, PgConn, PostgresBackend};
 use crate::backend::conn as slot;
 use crate::backend::{
@@ -37,8 +38,9 @@ impl PostgresBackend {
     }
 
     /// Runs `what` on the row held with `token`: `$1` its key (a semaphore's: the keys
-    /// of [`PostgresBackend::keys_of`]), `$2` the token as stored, `$3` `arg`. Answers
-    /// how many rows it changed (0: not ours).
+    /// of [`PostgresBackend::keys_of`]), `$2` the token as stored, `$3` `arg`; a
+    /// semaphore's also `$4` the limit key and `$5` every slot's key. Answers how many
+    /// rows it changed (0: not ours).
     async fn on_token(
         &self,
         name: &str,
@@ -46,20 +48,30 @@ impl PostgresBackend {
         what: OnToken,
         arg: (&(dyn ToSql + Sync), Type),
     ) -> Result<usize, BackendError> {
-        let sql = self.sql.on_token(what, self.slots);
+        let (sql, locked) = self.sql.on_token(what, self.slots);
         let stored = stored_token(token, self.slots);
-        match self.slots {
+        let key = self.key(name);
+        let rows = match self.slots {
             1 => {
-                let key = self.key(name);
-                self.count(sql, &[(&key, Type::TEXT), (&stored, Type::TEXT), arg])
-                    .await
+                let params: &Params<'_> = &[(&key, Type::TEXT), (&stored, Type::TEXT), arg];
+                self.query(sql, params, Missing::Create).await?
             }
             _ => {
-                let keys = self.keys_of(name, token);
-                let params: &Params<'_> = &[(&keys, Type::TEXT_ARRAY), (&stored, Type::TEXT), arg];
-                self.count(sql, params).await
+                let (keys, limit, all) =
+                    (self.keys_of(name, token), limit_key(&key), self.keys(name));
+                let params: &Params<'_> = &[
+                    (&keys, Type::TEXT_ARRAY),
+                    (&stored, Type::TEXT),
+                    arg,
+                    (&limit, Type::TEXT),
+                    (&all, Type::TEXT_ARRAY),
+                ];
+                let lock = locked.then(|| name_lock_id(&self.target.table, &key));
+                self.query_locked(lock, sql, params, Missing::Create)
+                    .await?
             }
-        }
+        };
+        Ok(rows.len())
     }
 
     /// An acquisition that, when busy for a caller that will wait, LISTENs for
@@ -150,6 +162,7 @@ impl PostgresBackend {
         let pid = i64::from(req.pid);
         let ttl = millis(req.ttl)?;
         let (keys, token) = (self.keys(name), stored_token(&req.token, self.slots));
+        let limit = limit_key(&key);
         let (n, lock) = (
             i64::from(self.slots),
             name_lock_id(&self.target.table, &key),
@@ -163,6 +176,7 @@ impl PostgresBackend {
                         (&req.host, Type::TEXT),
                         (&pid, Type::INT8),
                         (&ttl, Type::INT8),
+                        (&limit, Type::TEXT),
                     ];
                     self.query(&self.sql.acquire, params, Missing::Create)
                         .await?
@@ -175,6 +189,7 @@ impl PostgresBackend {
                         (&pid, Type::INT8),
                         (&ttl, Type::INT8),
                         (&n, Type::INT8),
+                        (&limit, Type::TEXT),
                     ];
                     let sql = &self.sql.acquire_slot;
                     self.query_locked(Some(lock), sql, params, Missing::Create)
@@ -293,7 +308,7 @@ impl Backend for PostgresBackend {
             }
             Release::KeepFor(d) => {
                 let keep = millis(d)?;
-                self.on_token(name, token, OnToken::Extend, (&keep, Type::INT8))
+                self.on_token(name, token, OnToken::Keep, (&keep, Type::INT8))
                     .await?
             }
         };
@@ -306,8 +321,16 @@ impl Backend for PostgresBackend {
     }
 
     async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
-        let keys = self.keys(name);
-        let params: &Params<'_> = &[(&keys, Type::TEXT_ARRAY)];
+        let (keys, limit, n) = (
+            self.keys(name),
+            limit_key(&self.key(name)),
+            i64::from(self.slots),
+        );
+        let params: &Params<'_> = &[
+            (&keys, Type::TEXT_ARRAY),
+            (&limit, Type::TEXT),
+            (&n, Type::INT8),
+        ];
         let rows = self
             .query(&self.sql.inspect, params, Missing::NoRows)
             .await?;
@@ -315,9 +338,17 @@ impl Backend for PostgresBackend {
     }
 
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
-        let (keys, channel) = (self.keys(name), self.channel(name));
-        let params: &Params<'_> = &[(&keys, Type::TEXT_ARRAY), (&channel, Type::TEXT)];
-        let rows = self.query(&self.sql.force, params, Missing::NoRows).await?;
+        let key = self.key(name);
+        let (keys, channel, limit) = (self.keys(name), self.channel(name), limit_key(&key));
+        let params: &Params<'_> = &[
+            (&keys, Type::TEXT_ARRAY),
+            (&channel, Type::TEXT),
+            (&limit, Type::TEXT),
+        ];
+        let lock = Some(name_lock_id(&self.target.table, &key));
+        let rows = self
+            .query_locked(lock, &self.sql.force, params, Missing::NoRows)
+            .await?;
         rows.iter().map(|r| self.holder(r, 0)).collect()
     }
 

@@ -1,0 +1,389 @@
+//! A semaphore's rows and SQL (`--slots N`, N > 1): the keys of its slots and of its
+//! limit row, the token its holders store, the statements on them, the name's lock and
+//! the queue of its waiters. Pure text: no I/O here. Part of [`super`]; the parts
+//! shared with a plain lock's statements are in `sql.rs`.
+//!
+//! Rows of name `KEY` (`PREFIX + NAME`), in the lock table:
+//! - `KEY`: slot 0, the plain lock's row, as ever;
+//! - `KEY#i`: slot `i`;
+//! - `KEY#slots`: the limit row, live while any slot is held, with the holders' N in
+//!   its token (`/N`) and the latest of their expiries: what a plain lock, or a
+//!   semaphore with another N, looks at to see holders in slots it does not read.
+//!
+//! No name has a `#`, so none of these is another name's key.
+
+use std::time::Duration;
+
+use super::sql::{cleanup, fnv1a, holder, take_expired, SLOTS_OF_TOKEN};
+use crate::backend::MAX_WAIT_SLICE;
+
+/// The key of slot `slot` of the lock whose plain key is `key` (`PREFIX + NAME`): slot 0
+/// is that key itself, the row a plain lock has (and that an older lockrun reads);
+/// slot `i` is `KEY#i`.
+pub(super) fn slot_key(key: &str, slot: u32) -> String {
+    match slot {
+        0 => key.to_owned(),
+        i => format!("{key}#{i}"),
+    }
+}
+
+/// The keys of slots 0 to `slots` - 1, in order.
+pub(super) fn slot_keys(key: &str, slots: u32) -> Vec<String> {
+    (0..slots).map(|i| slot_key(key, i)).collect()
+}
+
+/// The key of the limit row of the lock whose plain key is `key`.
+pub(super) fn limit_key(key: &str) -> String {
+    format!("{key}#slots")
+}
+
+/// What a holder of a name taken with `--slots slots` stores as its token: the token
+/// itself for a plain lock (exactly what lockrun always stored), `TOKEN/N` for a
+/// semaphore, so that its row records N (`sql::SLOTS_OF_TOKEN`) without a new column:
+/// an existing table keeps working, whoever owns it. A token is hex: no token has a
+/// `/`.
+pub(super) fn stored_token(token: &str, slots: u32) -> String {
+    match slots {
+        1 => token.to_owned(),
+        n => format!("{token}/{n}"),
+    }
+}
+
+/// The statement before a semaphore's acquisition, release or `--hold-at-least`, and
+/// `release --force`, in the same transaction: it begins the transaction and waits for
+/// the lock on the name (the transaction-level advisory lock `id`, see
+/// [`name_lock_id`]). The step that follows is a statement of its own, so its snapshot
+/// is taken once the lock is ours: it sees every such step committed before, and no
+/// other is under way (two acquisitions could otherwise pick one free slot, or see no
+/// holder of another N, from one snapshot; a release could end the limit row while an
+/// acquisition extends it). Sent with the step and the COMMIT in one round trip.
+pub(super) fn name_lock(id: i64) -> String {
+    format!("BEGIN; SELECT pg_advisory_xact_lock({id})")
+}
+
+/// The advisory lock of lock key `key` in `table`: a hash, in the one-bigint key
+/// space (the table's creation locks in the two-int space). Two names sharing one only
+/// wait for each other.
+pub(super) fn name_lock_id(table: &str, key: &str) -> i64 {
+    let text = format!("{}\0{key}\0slots", table.to_ascii_lowercase());
+    fnv1a(text.as_bytes()) as i64
+}
+
+/// The acquire statement of a semaphore, run after [`name_lock`] in its transaction:
+/// reads the rows of slots 0 to N-1 (`seen`: a missing row is free) and the limit row
+/// (`lim`); refuses (takes nothing, answers that holder first) if a live holder, or
+/// the limit row, records another N; otherwise takes the lowest free slot, as the
+/// plain statement takes its row (the same conflict clause, which keeps it safe from a
+/// writer that does not take the name's lock: a plain lockrun, an older one), and
+/// makes the limit row cover its lease. Answers the slot taken and its token, or the
+/// holder whose lease ends first (every slot held), or nothing (a slot seen free was
+/// taken meanwhile by such a writer: the caller asks again).
+///
+/// Its clock is `statement_timestamp()`, not `now()`: in a transaction, `now()` is the
+/// transaction's start, before the wait for the name's lock, and a lease written from
+/// it would be shorter by that wait. The statement's own start is as good a clock: one
+/// value for the whole statement, never later than the checks, never earlier than the
+/// request's sending. A row whose token is empty was released: free, whatever its
+/// expiry (a release that started after this statement can have committed before it
+/// looked; its `now()` is then later than this statement's).
+///
+/// A slot taken that had no row cleans up as the plain statement does, never a row of
+/// this name.
+pub(super) fn acquire(table: &str, seq: &str) -> String {
+    let busy = holder("r.slot");
+    let columns = "fence, host, pid, since, expires_at, token, slot, slots";
+    format!(
+        "WITH seen AS ( \
+           SELECT k.i - 1 AS slot, k.name, r.token, r.fence, r.host, r.pid, r.since, \
+             r.expires_at, r.name IS NOT NULL AS stored, \
+             coalesce(r.expires_at > now() AND r.token <> '', false) AS live, \
+             {SLOTS_OF_TOKEN} AS slots \
+           FROM unnest($1::text[]) WITH ORDINALITY AS k(name, i) \
+           LEFT JOIN {table} r ON r.name = k.name), \
+         lim AS ( \
+           SELECT r.*, 0 AS slot, {SLOTS_OF_TOKEN} AS slots FROM {table} r \
+           WHERE r.name = $7 AND r.expires_at > now() AND r.token <> ''), \
+         pick AS ( \
+           SELECT slot, name, stored FROM seen \
+           WHERE NOT live AND NOT EXISTS (SELECT 1 FROM seen WHERE live AND slots <> $6) \
+           AND NOT EXISTS (SELECT 1 FROM lim WHERE slots <> $6) \
+           ORDER BY slot LIMIT 1), \
+         taken AS ( \
+           INSERT INTO {table} AS r (name, token, fence, host, pid, since, expires_at) \
+           SELECT name, $2, nextval('{seq}'), $3, $4, now(), \
+             now() + $5 * interval '1 millisecond' FROM pick \
+           {TAKE_EXPIRED} OR r.token = '' \
+           RETURNING fence, expires_at), \
+         limited AS ( \
+           INSERT INTO {table} AS r (name, token, fence, host, pid, since, expires_at) \
+           SELECT $7, '/' || $6, fence, '', 0, now(), expires_at FROM taken \
+           ON CONFLICT (name) DO UPDATE SET token = excluded.token, fence = excluded.fence, \
+             since = excluded.since, expires_at = {COVER}), \
+         {GONE} \
+         SELECT true, t.fence, '', 0::bigint, 0::bigint, 0::bigint, p.slot::bigint, $6 \
+         FROM taken t, pick p \
+         UNION ALL \
+         (SELECT false, {busy} FROM ( \
+            SELECT {columns} FROM seen WHERE live \
+            UNION ALL SELECT {columns} FROM lim WHERE slots <> $6) r \
+          WHERE NOT EXISTS (SELECT 1 FROM pick) \
+          ORDER BY r.slots = $6, r.expires_at, r.slot LIMIT 1)",
+        TAKE_EXPIRED = take_expired(seq),
+        COVER = COVER,
+        GONE = cleanup(
+            table,
+            "EXISTS (SELECT 1 FROM pick WHERE NOT stored)",
+            "name <> ALL($1) AND name <> $7"
+        ),
+    )
+    .replace("now()", "statement_timestamp()")
+}
+
+/// The limit row's new expiry in an upsert (`r` the row there, `excluded` ours): the
+/// later of both while it records our N and is live, else ours.
+const COVER: &str = "CASE WHEN r.token = excluded.token AND r.expires_at > now() \
+     THEN greatest(r.expires_at, excluded.expires_at) ELSE excluded.expires_at END";
+
+/// A semaphore's renewal: a new expiry for our slot's row, found by its token among
+/// `$1`, and the limit row made to cover it (written again if it went: an operator's
+/// DELETE, a release that raced this renewal). Never shortens the limit row: no
+/// transaction, no lock wait, as a plain renewal.
+pub(super) fn extend(table: &str) -> String {
+    format!(
+        "WITH kept AS ( \
+           UPDATE {table} SET expires_at = now() + $3 * interval '1 millisecond' \
+           WHERE name = ANY($1) AND token = $2 AND expires_at > now() RETURNING expires_at), \
+         covered AS ( \
+           INSERT INTO {table} AS r (name, token, fence, host, pid, since, expires_at) \
+           SELECT $4, '/' || array_length($5::text[], 1), 0, '', 0, now(), max(expires_at) \
+           FROM kept HAVING count(*) > 0 \
+           ON CONFLICT (name) DO UPDATE SET token = excluded.token, expires_at = {COVER} \
+           WHERE r.token IN (excluded.token, '') OR r.expires_at <= now()) \
+         SELECT 1 FROM kept"
+    )
+}
+
+/// A semaphore's `--hold-at-least`, after [`name_lock`]: a new expiry for our slot's
+/// row, maybe sooner than the last, and the limit row's expiry made the latest of the
+/// live slots' ([`recover`]).
+pub(super) fn keep(table: &str) -> String {
+    format!(
+        "WITH kept AS ( \
+           UPDATE {table} SET expires_at = now() + $3 * interval '1 millisecond' \
+           WHERE name = ANY($1) AND token = $2 AND expires_at > now() \
+           RETURNING name, expires_at), \
+         {RECOVER} \
+         SELECT 1 FROM kept",
+        RECOVER = recover(table),
+    )
+    .replace("now()", "statement_timestamp()")
+}
+
+/// A semaphore's release, after [`name_lock`]: frees our slot's row and wakes the
+/// waiters; the limit row's expiry becomes the latest of the other live slots', and
+/// the limit row goes with the last holder ([`recover`]).
+pub(super) fn release(table: &str) -> String {
+    format!(
+        "WITH kept AS ( \
+           UPDATE {table} SET token = '', expires_at = now() \
+           WHERE name = ANY($1) AND token = $2 AND expires_at > now() \
+           RETURNING name, expires_at), \
+         {RECOVER} \
+         SELECT pg_notify($3, '')::text FROM kept",
+        RECOVER = recover(table),
+    )
+    .replace("now()", "statement_timestamp()")
+}
+
+/// After a holder's slot changed (`kept`: its name and new expiry, past if released):
+/// the limit row (`$4`, of our N: `$5` holds every slot's key) lasts until the latest
+/// expiry of the live slots, or ends now when none is live.
+fn recover(table: &str) -> String {
+    format!(
+        "covered AS ( \
+       UPDATE {table} AS l SET expires_at = coalesce(m.until, now()), \
+         token = CASE WHEN m.until IS NULL THEN '' ELSE l.token END \
+       FROM (SELECT max(e) AS until FROM ( \
+           SELECT expires_at AS e FROM kept WHERE expires_at > now() \
+           UNION ALL \
+           SELECT o.expires_at FROM {table} o \
+           WHERE o.name = ANY($5) AND o.expires_at > now() AND o.token <> '' \
+           AND o.name NOT IN (SELECT name FROM kept)) x) m \
+       WHERE l.name = $4 AND l.token = '/' || array_length($5::text[], 1) \
+       AND EXISTS (SELECT 1 FROM kept))"
+    )
+}
+
+/// The queue of a semaphore's waiters: a session-level advisory lock of the name (its
+/// id from [`queue_lock_id`]), which PostgreSQL grants first come first served. Its
+/// holder is the head of the queue, the one waiter that tries again when a slot frees;
+/// the others wait for the lock. These are the first two of the three messages that
+/// join it, sent at once (each message gets its own statement timer, whatever the
+/// server's version); the third is `COMMIT`. The wait is bounded by `wait` (the
+/// `--wait` left, at most [`MAX_QUEUE_WAIT`]), not by the session's `lock_timeout`; a
+/// wait that runs out rolls the transaction back. A head idle for longer than
+/// [`HEAD_IDLE`] (frozen, or its host gone while its connection looks open) is ended by
+/// the server (`idle_session_timeout`, PostgreSQL 14 and later), which lets the next
+/// waiter on; a waiter whose connection closes leaves the queue with its session.
+pub(super) fn join_queue(id: i64, wait: Duration) -> [String; 2] {
+    let ms = wait.min(MAX_QUEUE_WAIT).as_millis().max(1);
+    [
+        format!(
+            "BEGIN; SET LOCAL lock_timeout = {ms}; SET LOCAL statement_timeout = {}",
+            ms + 1000
+        ),
+        format!(
+            "SELECT pg_advisory_lock({id}); {}",
+            idle_session_timeout(HEAD_IDLE.as_millis())
+        ),
+    ]
+}
+
+/// The statement that leaves the queue of [`join_queue`] (its head has a slot), and
+/// ends the idle timeout: the session now holds a lease, renewed as seldom as
+/// `--renew-every` says.
+pub(super) fn leave_queue(id: i64) -> String {
+    format!(
+        "SELECT pg_advisory_unlock({id}); {}",
+        idle_session_timeout(0)
+    )
+}
+
+/// How long the head of a queue may be idle: its waits last at most
+/// `MAX_WAIT_SLICE` (plus jitter) between two tries, so three of them is a head that
+/// no longer tries.
+pub(super) const HEAD_IDLE: Duration = Duration::from_secs(3 * MAX_WAIT_SLICE.as_secs());
+
+/// The longest single wait in a queue; a longer `--wait` joins it again after that.
+const MAX_QUEUE_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Sets `idle_session_timeout` to `ms` for the session, on servers that have it.
+fn idle_session_timeout(ms: u128) -> String {
+    format!(
+        "SELECT set_config('idle_session_timeout', '{ms}', false) \
+         WHERE current_setting('server_version_num')::int >= 140000"
+    )
+}
+
+/// The queue lock of lock key `key` in `table` (see [`join_queue`]): a hash, like
+/// [`name_lock_id`]'s but another.
+pub(super) fn queue_lock_id(table: &str, key: &str) -> i64 {
+    let text = format!("{}\0{key}\0queue", table.to_ascii_lowercase());
+    fnv1a(text.as_bytes()) as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::postgres::sql::Sql;
+
+    #[test]
+    fn slot_0_is_the_plain_key_and_other_rows_have_keys_no_name_has() {
+        assert_eq!(slot_key("lockrun:job", 0), "lockrun:job");
+        assert_eq!(slot_key("lockrun:job", 7), "lockrun:job#7");
+        assert_eq!(
+            slot_keys("p:a/b", 3),
+            ["p:a/b", "p:a/b#1", "p:a/b#2"].map(String::from)
+        );
+        assert_eq!(slot_keys("k", 1), ["k".to_owned()]);
+        assert_eq!(slot_keys("k", 1000).len(), 1000);
+        assert_eq!(limit_key("lockrun:job"), "lockrun:job#slots");
+        // Names cannot hold `#`: no row of one name is another name's.
+        assert!(crate::config::LockName::parse("job#1").is_err());
+        let mut all = std::collections::HashSet::new();
+        for name in ["a", "a:1", "a1", "a/slots", "slots"] {
+            let key = format!("lockrun:{name}");
+            for k in slot_keys(&key, 12).into_iter().chain([limit_key(&key)]) {
+                assert!(all.insert(k.clone()), "{k} twice");
+            }
+        }
+    }
+
+    #[test]
+    fn a_semaphores_token_records_its_n_and_a_plain_token_is_unchanged() {
+        let token = "0123456789abcdef0123456789abcdef";
+        assert_eq!(stored_token(token, 1), token);
+        assert_eq!(stored_token(token, 3), format!("{token}/3"));
+        assert_eq!(stored_token(token, 1000), format!("{token}/1000"));
+        // The pattern the statements read N with takes up to 4 digits after the `/`.
+        assert!(SLOTS_OF_TOKEN.contains("'/([0-9]{1,4})$'"));
+    }
+
+    #[test]
+    fn the_name_lock_and_the_queue_lock_are_stable_hashes_of_table_and_key() {
+        let id = name_lock_id("lockrun_locks", "lockrun:job");
+        assert_eq!(id, name_lock_id("LOCKRUN_LOCKS", "lockrun:job"));
+        assert_ne!(id, name_lock_id("lockrun_locks", "lockrun:job2"));
+        assert_ne!(id, name_lock_id("other", "lockrun:job"));
+        assert_ne!(id, queue_lock_id("lockrun_locks", "lockrun:job"));
+        assert_eq!(name_lock(-5), "BEGIN; SELECT pg_advisory_xact_lock(-5)");
+    }
+
+    #[test]
+    fn statements_in_the_name_locks_transaction_judge_by_their_own_clock() {
+        let sql = Sql::new("t");
+        for s in [
+            &sql.acquire_slot,
+            &sql.keep_slot,
+            &sql.release_slot,
+            &sql.force,
+        ] {
+            assert!(!s.contains("now()"), "{s}");
+            assert!(s.contains("statement_timestamp()"), "{s}");
+        }
+        // A renewal runs alone, as a plain one.
+        assert!(sql.extend_slot.contains("expires_at > now() RETURNING"));
+    }
+
+    #[test]
+    fn a_semaphores_acquisition_checks_n_then_takes_the_lowest_free_slot() {
+        let s = Sql::new("t").acquire_slot;
+        assert!(s.contains("expires_at <= statement_timestamp() OR r.token = ''"));
+        // A live holder or limit row with another N stops the pick, and is the answer
+        // first.
+        assert!(s.contains("NOT EXISTS (SELECT 1 FROM seen WHERE live AND slots <> $6)"));
+        assert!(s.contains("NOT EXISTS (SELECT 1 FROM lim WHERE slots <> $6)"));
+        assert!(s.contains("ORDER BY slot LIMIT 1"));
+        assert!(s.contains("ORDER BY r.slots = $6, r.expires_at"));
+        // The limit row covers the lease taken; cleanup spares every row of the name.
+        assert!(s.contains("SELECT $7, '/' || $6, fence, '', 0"));
+        assert!(s.contains("name <> ALL($1) AND name <> $7"));
+    }
+
+    #[test]
+    fn the_limit_row_follows_the_holders() {
+        let sql = Sql::new("t");
+        assert!(sql
+            .extend_slot
+            .contains("greatest(r.expires_at, excluded.expires_at)"));
+        for s in [&sql.keep_slot, &sql.release_slot] {
+            assert!(
+                s.contains("coalesce(m.until, statement_timestamp())"),
+                "{s}"
+            );
+            assert!(s.contains("o.name NOT IN (SELECT name FROM kept)"), "{s}");
+        }
+        assert!(sql.release_slot.contains("pg_notify($3, '')"));
+    }
+
+    #[test]
+    fn the_queue_waits_as_long_as_the_wait_left_and_no_longer() {
+        let [begin, lock] = join_queue(42, Duration::from_millis(1500));
+        assert_eq!(
+            begin,
+            "BEGIN; SET LOCAL lock_timeout = 1500; SET LOCAL statement_timeout = 2500"
+        );
+        assert!(lock.starts_with("SELECT pg_advisory_lock(42); "), "{lock}");
+        assert!(lock.contains("'idle_session_timeout', '6000'"), "{lock}");
+        let [begin, _] = join_queue(42, Duration::ZERO);
+        assert!(begin.contains("lock_timeout = 1;"), "{begin}");
+        let [begin, _] = join_queue(42, Duration::from_secs(u64::MAX));
+        assert!(begin.contains("lock_timeout = 86400000;"), "{begin}");
+        let leave = leave_queue(42);
+        assert!(
+            leave.starts_with("SELECT pg_advisory_unlock(42); "),
+            "{leave}"
+        );
+        assert!(leave.contains("'idle_session_timeout', '0'"), "{leave}");
+    }
+}
