@@ -6,25 +6,37 @@
 //! `expires_at`. Release and `release --force` do not delete the row: they mark it free
 //! (empty token, expired), so that the row lock orders every acquisition of a name.
 //!
-//! **Semaphores** (`--slots N`, N > 1) use the same table, unchanged: slot 0 is the
-//! plain lock's row `PREFIX + NAME` (so a plain lock, and an older lockrun, sees a
-//! semaphore's first holder as its holder), slot `i` the row `PREFIX + NAME + "#" + i`
-//! (`sql::slot_key`: no name has a `#`). Each slot is a lease of its own, renewed,
-//! expired and released as a plain lock's row. A semaphore's holder stores its token as
-//! `TOKEN/N` (`sql::stored_token`), which records N where no column has to be added: a
-//! row without `/N` (a plain lock, any older lockrun) was taken with N = 1. An
-//! acquisition that finds a live holder of slots 0 to N-1 taken with another N takes
-//! nothing and is refused (`backend::slots_conflict`); a plain acquisition is refused
-//! when its row's holder is a semaphore's. A semaphore's acquisition is one
-//! transaction, sent in one round trip: the transaction-level advisory lock of the name
-//! (`sql::name_lock`), then one statement that reads slots 0 to N-1, checks N, and
-//! takes the lowest free slot (a missing row, an expired or released one). Every
-//! semaphore acquisition of a name takes that lock, so each sees every one committed
-//! before it and none runs beside it; the write itself keeps the plain statement's
-//! conflict clause, safe against writers without the lock (a plain lockrun, an older
-//! one). Renewal and release name the token's slot (remembered from the acquisition;
-//! for a token whose acquisition's answer was lost, any of the N slots).
-//! `lockrun status --slots N` and `release --force --slots N` read and free every slot.
+//! **Semaphores** (`--slots N`, N > 1) use the same table, unchanged (no column added:
+//! an existing table keeps working, whoever owns it). Slot 0 is the plain lock's row
+//! `PREFIX + NAME` (so a plain lock, and an older lockrun, sees a semaphore's first
+//! holder as its holder), slot `i` the row `PREFIX + NAME#i`, and the limit row
+//! `PREFIX + NAME#slots` is live while any slot is (`slots.rs`: no name has a `#`).
+//! Each slot is a lease of its own, renewed, expired and released as a plain lock's
+//! row. A semaphore's holder stores its token as `TOKEN/N`, which records N: a row
+//! without `/N` (a plain lock, any older lockrun) was taken with N = 1. The limit row
+//! (token `/N`) lasts as long as the latest lease of a slot: every acquisition and
+//! renewal makes it cover its lease, and a release or `--hold-at-least` sets it to the
+//! latest lease left (it ends with the last holder). An acquisition that finds a live
+//! holder of slots 0 to N-1, or the limit row, with another N takes nothing and is
+//! refused (`backend::slots_conflict`); a plain acquisition reads its row and the limit
+//! row, so a semaphore's holder in any slot refuses it. A semaphore's acquisition, its
+//! release, `--hold-at-least` and `release --force` are each one transaction, sent in
+//! one round trip: the transaction-level advisory lock of the name
+//! (`slots::name_lock`), then one statement; the acquisition's reads slots 0 to N-1 and
+//! the limit row, checks N, and takes the lowest free slot (a missing row, an expired
+//! or released one). Each sees every such step committed before it and none runs
+//! beside it; the write itself keeps the plain statement's conflict clause, safe
+//! against writers without the lock (a plain lockrun, an older one). A plain lock's
+//! steps take no lock and keep their one statement. Renewal and release name the
+//! token's slot (remembered from the acquisition; for a token whose acquisition's
+//! answer was lost, any of the N slots). `lockrun status --slots N` and
+//! `release --force --slots N` read and free every slot.
+//!
+//! Holders of two N for one name, or a plain lockrun beside a semaphore, are refused
+//! whenever one sees the other's rows; a plain acquisition racing a semaphore's (not
+//! under the name's lock) can miss a limit row written after its snapshot, and an
+//! older lockrun reads slot 0 only: such a mix is a misconfiguration the refusals
+//! report, not one they can always prevent.
 //!
 //! **Rows of unused names** are deleted once their lease ended more than a day ago
 //! (`sql::RETENTION`), a few at a time, by acquisitions that add a row (a name without
@@ -35,19 +47,19 @@
 //! only if its statement drew it before that token was drawn and inserted after that
 //! token's row was deleted, that is, a day after that lease ended: no statement of ours
 //! runs that long (`statement_timeout` 10 s, `lock_timeout` 5 s; and one autocommit
-//! statement never waits a day on another). Tokens come from the sequence, not from the
-//! row, so they keep increasing once the row is gone.
+//! statement never waits a day on another). A semaphore's tokens are all drawn under
+//! the name's lock. Tokens come from the sequence, not from the row, so they keep
+//! increasing once the row is gone.
 //!
 //! **Every row expires**: `expires_at` is the statement's clock plus a lease of at most
 //! a day (`sql::MAX_LEASE`, lockrun's longest `--ttl`), checked before a statement is
-//! sent; a statement that fails (an interval out of range) writes nothing.
+//! sent; a statement that fails (an interval out of range) writes nothing. The limit
+//! row's is one of its slots'.
 //!
-//! Every step is ONE autocommit statement, atomic on the server (see `sql.rs`), but a
-//! semaphore's acquisition, which is one statement in a transaction after the name's
-//! lock:
+//! Every step is ONE statement, atomic on the server (see `sql.rs` and `slots.rs`):
 //! - expiry is judged by the database's clock, `now()`: the start of the statement's own
-//!   transaction (in a semaphore's acquisition, `statement_timestamp()`, the start of the
-//!   statement after the wait for the name's lock). It is one value for the whole
+//!   transaction (in the name lock's transaction, `statement_timestamp()`, the start of
+//!   the statement after the wait for the lock). It is one value for the whole
 //!   statement (so no check can disagree with another), it is never later than the real
 //!   time of the check (so a lease is never judged expired early), and it is never
 //!   earlier than our request's sending (so an expiry written as `now() + ttl` never
@@ -61,16 +73,24 @@
 //!
 //! `--wait`ers LISTEN on a channel per lock (`lockrun_` + a hash of table and key; one
 //! for every slot of a semaphore); a release NOTIFYs it in the same statement, so the
-//! wake-up is sent exactly when the release commits, and a freed slot wakes the waiters
-//! of the name (all of them, as for a plain lock: they race, and the losers wait
-//! again). Wake-ups ride on the connection, which a spawned task drives.
+//! wake-up is sent exactly when the release commits. A plain lock's waiters are all
+//! woken and race. A semaphore's waiters queue first come first served on a
+//! session-level advisory lock of the name, which PostgreSQL grants in the order it was
+//! asked for (`slots::join_queue`): its holder, the head, is the only waiter that
+//! tries again when woken (or when the lease it waits for ends), and lets the queue
+//! lock go once it has a slot, which makes the next waiter the head at once; a second
+//! slot freed meanwhile goes to it. A waiter leaves the queue with its session: when it
+//! gives up, crashes, or (PostgreSQL 14 and later) stops trying for
+//! `slots::HEAD_IDLE` while at the head (frozen, its host gone). Wake-ups ride on the
+//! connection, which a spawned task drives.
 //!
 //! The connection lives in a [`crate::backend::conn::Slot`]: made lazily, dropped after
 //! any error or abandoned call (the caller's timeout), made anew on the next call.
 //!
-//! Files: `target.rs` (the URL and `--pg-table`), `sql.rs` (the statements, the keys
-//! of slots), `requests.rs` (the lock's requests and the reading of their answers),
-//! `errors.rs` (error lines), `tls.rs` (rustls for `sslmode`).
+//! Files: `target.rs` (the URL and `--pg-table`), `sql.rs` (the statements),
+//! `slots.rs` (a semaphore's keys and statements, the name's lock, the queue),
+//! `requests.rs` (the lock's requests and the reading of their answers), `errors.rs`
+//! (error lines), `tls.rs` (rustls for `sslmode`).
 
 mod errors;
 mod requests;
@@ -127,7 +147,7 @@ struct PgConn {
     /// connection LISTENs on the lock's channel.
     wakeups: Wakeups<mpsc::Receiver<()>>,
     /// The session holds its semaphore's queue lock: it is the head of the waiters
-    /// (`sql::join_queue`). The lock ends with the session.
+    /// (`slots::join_queue`). The lock ends with the session.
     queued: AtomicBool,
 }
 
@@ -241,7 +261,7 @@ impl PostgresBackend {
     }
 
     /// [`PostgresBackend::query`], in a transaction of its own after the advisory lock
-    /// `lock` when there is one ([`sql::name_lock`]).
+    /// `lock` when there is one ([`slots::name_lock`]).
     async fn query_locked(
         &self,
         lock: Option<i64>,

@@ -1,7 +1,8 @@
 //! The lock's requests on the PostgreSQL backend ([`Backend`] for
 //! [`PostgresBackend`]): acquisition, of a plain lock or of a semaphore's slot,
-//! renewal, release, `status` and `release --force`, waiting; and the reading of the
-//! statements' answer rows. The statements are in `sql.rs`; part of [`super`].
+//! renewal, release, `status` and `release --force`, waiting (a semaphore's waiters in
+//! their queue); and the reading of the statements' answer rows. The statements are in
+//! `sql.rs` and `slots.rs`; part of [`super`].
 
 use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
@@ -94,7 +95,7 @@ impl PostgresBackend {
         self.try_acquire(name, req).await
     }
 
-    /// The queue lock of `name`'s waiters (see `sql::join_queue`).
+    /// The queue lock of `name`'s waiters (see `slots::join_queue`).
     fn queue_id(&self, name: &str) -> i64 {
         queue_lock_id(&self.target.table, &self.key(name))
     }
