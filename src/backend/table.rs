@@ -44,9 +44,9 @@ pub trait Target: Debug + Send + Sync {
     fn open(&self, config: &BackendConfig, waiting: bool) -> AnyBackend;
 
     /// Whether this backend can hold a name with `--slots` above 1 (a semaphore).
-    fn semaphores(&self) -> bool {
-        false
-    }
+    /// Every backend decides: a new one that cannot says false, and `--slots` above 1
+    /// is then refused before anything is connected.
+    fn semaphores(&self) -> bool;
 }
 
 /// What a URL parser may use besides the URL.

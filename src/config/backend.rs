@@ -40,14 +40,7 @@ impl BackendConfig {
             env: &env,
         };
         let target = parse_urls(&args.url, &ctx)?;
-        if args.slots > 1 && !target.semaphores() {
-            return Err(ConfigError::Backend(format!(
-                "--slots {} needs a backend that keeps semaphores; {} does not yet: use \
-                 --slots 1",
-                args.slots,
-                target.display()
-            )));
-        }
+        check_slots(target.as_ref(), args.slots)?;
         Ok(BackendConfig {
             display: target.display(),
             target,
@@ -55,6 +48,19 @@ impl BackendConfig {
             slots: args.slots,
         })
     }
+}
+
+/// Refuses `--slots` above 1 for a backend that cannot keep a semaphore
+/// ([`Target::semaphores`]), before anything is connected.
+fn check_slots(target: &dyn Target, slots: u32) -> Result<(), ConfigError> {
+    if slots > 1 && !target.semaphores() {
+        return Err(ConfigError::Backend(format!(
+            "--slots {slots} needs a backend that keeps semaphores, and {} does not: use \
+             --slots 1, or a backend README's \"Choosing a backend\" lists for semaphores",
+            target.display()
+        )));
+    }
+    Ok(())
 }
 
 /// The password to use: the first line of `--password-file` if given, else
@@ -215,5 +221,41 @@ mod tests {
         assert!(read(b"\xff\xfe").unwrap_err().contains("UTF-8"));
         let e = read_password_file(Path::new("/dev/zero")).unwrap_err();
         assert!(e.to_string().contains("more than 4 KiB"), "{e}");
+    }
+
+    /// A backend that keeps no semaphores (none does today; a new one might).
+    #[derive(Debug)]
+    struct NoSemaphores;
+
+    impl Target for NoSemaphores {
+        fn display(&self) -> String {
+            "h:1".into()
+        }
+        fn open(&self, _: &BackendConfig, _: bool) -> crate::backend::AnyBackend {
+            unreachable!("never opened")
+        }
+        fn semaphores(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn slots_above_1_need_a_backend_that_keeps_semaphores() {
+        assert_eq!(check_slots(&NoSemaphores, 1), Ok(()));
+        let e = check_slots(&NoSemaphores, 2).unwrap_err().to_string();
+        assert!(e.contains("--slots 2") && e.contains("h:1 does not"), "{e}");
+        for url in [
+            "redis://h:1",
+            "redis+sentinel://s:1/m",
+            "redis://a:1,redis://b:2,redis://c:3",
+            "etcd://h:1",
+            "zk://h:1",
+            "file:///var/lib/lockrun",
+            "postgres://u@h:1/db",
+        ] {
+            let mut a = args(&[url]);
+            a.slots = 3;
+            assert!(BackendConfig::from_args(&a, None).is_ok(), "{url}");
+        }
     }
 }
