@@ -1,62 +1,72 @@
-//! One connection to a Redis server, as the backend's [`Slot`] holds it: the
-//! multiplexed client, and, for `--wait`, the RESP3 push channel that wake-ups arrive
-//! on. Part of [`super`].
+//! Connections to a Redis server, as the backend's [`Slot`]s hold them: the multiplexed
+//! client that every script goes through, and, for `--wait`, a second connection
+//! subscribed to this waiter's wake-up channel. Part of [`super`].
+//!
+//! Both speak RESP2 and send nothing before the first command but what the URL asks
+//! for (AUTH, SELECT): no `HELLO`, no `CLIENT SETINFO`. So a proxy that knows only the
+//! plain commands (twemproxy, several managed proxies) and Redis 5 serve every run,
+//! `--wait` included; wake-ups arrive as RESP2 pub/sub messages on the second
+//! connection, made only once a lock was found busy. Where it cannot be made (a proxy
+//! without pub/sub, `SUBSCRIBE` renamed away or denied), the backend polls instead.
 
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, PushInfo, Value};
-use tokio::sync::mpsc;
+use futures_util::StreamExt;
+use redis::aio::{MultiplexedConnection, PubSubStream};
+use redis::{AsyncConnectionConfig, RedisError, Value};
 
-use super::errors::describe;
+use super::errors::{describe, io_reason};
 use super::target::RedisTarget;
 use crate::backend::conn::{Connection, Slot, Wakeups};
 use crate::backend::BackendError;
 
-/// A connection and what rides on it; replaced as a whole after any failure.
+/// A connection for scripts; replaced as a whole after any failure.
 pub struct RedisConn {
     /// The client; cheap to clone (one socket, multiplexed).
     pub conn: MultiplexedConnection,
-    /// Set when waiting: wake-ups (RESP3 pushes) arrive here once subscribed to the
-    /// waiter's channel.
-    pub pushes: Wakeups<mpsc::UnboundedReceiver<PushInfo>>,
 }
 
 impl Connection for RedisConn {}
 
-impl RedisConn {
-    /// The wake-ups of this connection.
-    pub fn pushes(&self) -> &Wakeups<mpsc::UnboundedReceiver<PushInfo>> {
-        &self.pushes
-    }
-}
-
 /// The connection slot of one Redis server.
 pub type RedisSlot = Slot<RedisConn>;
 
-/// Connects to `target` (asking the Sentinels first if it is behind Sentinel).
-/// `notifications` asks for RESP3 with a push channel (`--wait`, Redis 6 or later).
-/// `at` is the server as `host:port`, for messages.
-pub async fn connect(
-    target: &RedisTarget,
-    notifications: bool,
-    at: &str,
-) -> Result<RedisConn, BackendError> {
-    let mut settings = target.info.redis_settings().clone().set_skip_set_lib_name();
-    let mut conn_config = AsyncConnectionConfig::new()
-        .set_connection_timeout(None)
-        .set_response_timeout(None);
-    let mut pushes = None;
-    if notifications {
-        settings = settings.set_protocol(redis::ProtocolVersion::RESP3);
-        let (tx, rx) = mpsc::unbounded_channel();
-        conn_config = conn_config.set_push_sender(tx);
-        pushes = Some(rx);
+/// A connection subscribed to one waiter's wake-up channel: every message on it is a
+/// wake-up. Its end (the server or the network closed it) ends the stream.
+pub struct Subscriber {
+    messages: Wakeups<PubSubStream>,
+}
+
+impl Connection for Subscriber {}
+
+impl Subscriber {
+    /// The wake-ups of this connection (subscribed from the start).
+    pub fn messages(&self) -> &Wakeups<PubSubStream> {
+        &self.messages
     }
+}
+
+/// Waits for the next wake-up on `messages`: `None` when the connection is gone.
+pub async fn next_wakeup(messages: &mut PubSubStream) -> Option<()> {
+    messages.next().await.map(|_| ())
+}
+
+/// The subscriber slot of one Redis server.
+pub type SubscriberSlot = Slot<Subscriber>;
+
+/// The client for `target`'s server (asking the Sentinels first if it is behind
+/// Sentinel), RESP2 (whatever the URL's `protocol`) without `CLIENT SETINFO`.
+async fn client(target: &RedisTarget, at: &str) -> Result<redis::Client, BackendError> {
+    let settings = target
+        .info
+        .redis_settings()
+        .clone()
+        .set_protocol(redis::ProtocolVersion::RESP2)
+        .set_skip_set_lib_name();
     let info = match &target.sentinel {
         None => target.info.clone(),
         Some(sentinels) => sentinels.master_address().await?,
     }
     .set_redis_settings(settings);
-    let client = match &target.tls {
+    match &target.tls {
         None => redis::Client::open(info),
         Some(tls) => {
             // rustls needs a process-wide crypto provider; ring is the one built in.
@@ -74,18 +84,55 @@ pub async fn connect(
             redis::Client::build_with_tls(info, certs)
         }
     }
-    .map_err(|e| describe(&e, at))?;
-    let mut conn = client
+    .map_err(|e| describe(&e, at))
+}
+
+/// Connects to `target` for scripts. `at` is the server as `host:port`, for messages.
+pub async fn connect(target: &RedisTarget, at: &str) -> Result<RedisConn, BackendError> {
+    let conn_config = AsyncConnectionConfig::new()
+        .set_connection_timeout(None)
+        .set_response_timeout(None);
+    let mut conn = client(target, at)
+        .await?
         .get_multiplexed_async_connection_with_config(&conn_config)
         .await
         .map_err(|e| describe(&e, at))?;
     if target.sentinel.is_some() {
         insist_on_master(&mut conn, at).await?;
     }
-    Ok(RedisConn {
-        conn,
-        pushes: Wakeups::new(pushes),
-    })
+    Ok(RedisConn { conn })
+}
+
+/// Connects to `target` and subscribes to `channel`. The error says why not, in a
+/// few words for the line that tells that waiting polls instead.
+pub async fn subscribe(
+    target: &RedisTarget,
+    channel: &str,
+    at: &str,
+) -> Result<Subscriber, String> {
+    let client = client(target, at).await.map_err(|e| e.to_string())?;
+    let mut pubsub = client
+        .get_async_pubsub()
+        .await
+        .map_err(|e| format!("connecting: {}", reason(&e)))?;
+    pubsub
+        .subscribe(channel)
+        .await
+        .map_err(|e| format!("SUBSCRIBE: {}", reason(&e)))?;
+    let (_, stream) = pubsub.split();
+    let messages = Wakeups::new(Some(stream));
+    messages.set_subscribed();
+    Ok(Subscriber { messages })
+}
+
+/// What a server's refusal or a failed connection says, without addresses.
+fn reason(e: &RedisError) -> String {
+    match e.code() {
+        Some(code) => format!("{code} {}", e.detail().unwrap_or("").trim())
+            .trim()
+            .to_owned(),
+        None => io_reason(e),
+    }
 }
 
 /// During a failover the Sentinels may still name the old master, now a replica:
@@ -105,5 +152,23 @@ async fn insist_on_master(conn: &mut MultiplexedConnection, at: &str) -> Result<
         Err(BackendError::Unavailable(format!(
             "the server {at} names is not a master (failover in progress)"
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::{ErrorKind, ServerErrorKind};
+
+    #[test]
+    fn why_no_subscription_names_the_refusal_or_the_cut() {
+        let refused = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "refused",
+            "unknown command 'SUBSCRIBE'".to_owned(),
+        ));
+        assert_eq!(reason(&refused), "ERR unknown command 'SUBSCRIBE'");
+        let cut = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(reason(&cut), "connection closed");
     }
 }

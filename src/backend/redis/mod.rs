@@ -32,6 +32,18 @@
 //! The connection lives in a [`crate::backend::conn::Slot`]: made lazily, dropped
 //! after any error or abandoned call (the caller's timeout), made anew next time.
 //!
+//! Waiting (`--wait`) without RESP3: the connection speaks RESP2 and never sends
+//! `HELLO`, so an uncontended run works through any proxy. Only once the lock is
+//! found busy does a waiter open a second connection, subscribed (RESP2 pub/sub) to
+//! its own wake-up channel, and then ask once more before it sleeps, so that a release
+//! in between is not missed. Where that connection cannot be made, within
+//! [`SUBSCRIBE_WITHIN`] (twemproxy has no pub/sub; `SUBSCRIBE` may be renamed away or
+//! denied by an ACL), the waiter says so once at `-v`, leaves the queue of waiters
+//! (wake-ups go to those that can hear them) and polls for the rest of the run: it
+//! asks again at the busy lease's expiry, at least every
+//! [`crate::backend::MAX_WAIT_SLICE`] (with jitter: [`wait_slice`]). A subscription
+//! lost later (the connection cut) is made again at the next wait, polling meanwhile.
+//!
 //! Files: `target.rs` (the URL), `sentinel.rs` (Sentinel URLs and master lookup),
 //! `conn.rs` (connecting), `errors.rs` (error lines), `scripts.rs` + `scripts/*.lua`,
 //! `replies.rs` (their answers), `redlock.rs` + `redlock/votes.rs` (the quorum).
@@ -44,6 +56,7 @@ mod scripts;
 pub mod sentinel;
 mod target;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -54,7 +67,8 @@ use crate::backend::{
     slots_conflict, wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release,
 };
 use crate::config::BackendConfig;
-use conn::{RedisConn, RedisSlot};
+use crate::log::{emit, Event, Level};
+use conn::{RedisConn, RedisSlot, Subscriber, SubscriberSlot};
 use replies::{AcquireReply, Done, HoldersReply};
 use scripts::{Keys, Script};
 pub use scripts::{FENCE_KEEP, MAX_LEASE};
@@ -74,6 +88,10 @@ pub fn script_source(name: &str) -> Option<&'static str> {
 /// every [`crate::backend::MAX_WAIT_SLICE`].
 const WAITER_ALIVE: Duration = Duration::from_secs(6);
 
+/// How long a waiter gives its wake-up connection to connect and subscribe before it
+/// polls instead.
+pub const SUBSCRIBE_WITHIN: Duration = Duration::from_secs(2);
+
 /// A lock backend on one Redis server.
 pub struct RedisBackend {
     target: RedisTarget,
@@ -82,7 +100,17 @@ pub struct RedisBackend {
     /// The N of `--slots` (1: a plain lock).
     slots: u32,
     connection: RedisSlot,
+    /// Waiting for wake-ups (`--wait`): join the queue of waiters, subscribe when busy.
     notifications: bool,
+    /// The connection subscribed to this waiter's wake-up channel, once the lock was
+    /// found busy.
+    subscriber: SubscriberSlot,
+    /// Set once a subscription succeeded: a later failure is a lost connection, not a
+    /// server without pub/sub.
+    subscribed_once: AtomicBool,
+    /// Set when no subscription could be made: this waiter polls for the rest of the
+    /// run, out of the queue.
+    polling: AtomicBool,
     waiter_id: String,
     /// The token and slot of our last acquisition, for renewals to go to that slot
     /// only. Held for no await.
@@ -90,8 +118,8 @@ pub struct RedisBackend {
 }
 
 impl RedisBackend {
-    /// A backend for `target`; `notifications` asks for a connection that can receive
-    /// wake-ups (needed for `--wait`, Redis 6 or later).
+    /// A backend for `target`; `notifications` (`--wait`) asks for wake-ups when the
+    /// lock is busy (polling where the server cannot give them).
     pub fn new(target: RedisTarget, config: &BackendConfig, notifications: bool) -> RedisBackend {
         RedisBackend {
             target,
@@ -100,6 +128,9 @@ impl RedisBackend {
             slots: config.slots.max(1),
             connection: RedisSlot::default(),
             notifications,
+            subscriber: SubscriberSlot::default(),
+            subscribed_once: AtomicBool::new(false),
+            polling: AtomicBool::new(false),
             waiter_id: crate::token::random_hex(8),
             taken: Mutex::new(None),
         }
@@ -113,7 +144,7 @@ impl RedisBackend {
     /// The connection for one call, made if needed.
     async fn conn(&self) -> Result<InUse<'_, RedisConn>, BackendError> {
         self.connection
-            .get(|_| conn::connect(&self.target, self.notifications, &self.display))
+            .get(|_| conn::connect(&self.target, &self.display))
             .await
     }
 
@@ -176,39 +207,70 @@ impl RedisBackend {
         req: &AcquireRequest,
         wanted: Option<u32>,
     ) -> Result<AcquireReply, BackendError> {
-        let waiting = self.notifications;
-        let first = self.try_acquire(name, req, waiting, wanted).await?;
-        if !waiting
-            || !matches!(first, AcquireReply::Busy(_))
-            || slot::subscribed(&self.connection, RedisConn::pushes)
-        {
-            return Ok(first);
+        let queued = self.notifications && !self.polling.load(Ordering::Relaxed);
+        let reply = self.try_acquire(name, req, queued, wanted).await?;
+        if matches!(reply, AcquireReply::Acquired { .. }) {
+            // Wake-ups are of no use to a holder: close their connection.
+            drop(self.subscriber.take());
         }
-        // Busy, and about to wait: subscribe to this waiter's wake-up channel, then try
-        // once more, so a release that came between the first try and the
-        // subscription is not missed. An uncontended run never pays for this.
-        self.subscribe(name).await?;
-        self.try_acquire(name, req, waiting, wanted).await
+        Ok(reply)
     }
 
-    /// Subscribes the connection to this waiter's wake-up channel.
-    async fn subscribe(&self, name: &str) -> Result<(), BackendError> {
-        let c = self.conn().await?;
-        if c.pushes.is_subscribed() {
-            c.keep();
-            return Ok(());
+    /// Makes sure a waiter hears its wake-ups: subscribes to its channel on a
+    /// connection of its own, unless subscribed already or polling. True when it just
+    /// subscribed: the caller must ask for the lock again before it sleeps, since a
+    /// release may have come before the subscription. A subscription that fails, and
+    /// never worked, turns this waiter to polling (said once at `-v`); one that worked
+    /// before is tried again at the next wait.
+    pub async fn listen(&self, name: &str, max: Duration) -> bool {
+        if !self.notifications
+            || self.polling.load(Ordering::Relaxed)
+            || self.subscriber.current().is_some()
+        {
+            return false;
         }
         let channel = format!(
             "{}{}",
             Keys::new(&self.key_prefix, name).wake_prefix,
             self.waiter_id
         );
-        let mut conn = c.conn.clone();
-        let reply = conn.subscribe(&channel).await;
-        if reply.is_ok() {
-            c.pushes.set_subscribed();
+        let within = SUBSCRIBE_WITHIN.min(max);
+        let subscribe = self
+            .subscriber
+            .get(|_| conn::subscribe(&self.target, &channel, &self.display));
+        let why = match tokio::time::timeout(within, subscribe).await {
+            Ok(Ok(subscribed)) => {
+                subscribed.keep();
+                self.subscribed_once.store(true, Ordering::Relaxed);
+                return true;
+            }
+            Ok(Err(why)) => why,
+            // Cut short by the end of --wait: no verdict on the server.
+            Err(_) if within < SUBSCRIBE_WITHIN => return false,
+            Err(_) => format!(
+                "SUBSCRIBE: no answer within {}s",
+                SUBSCRIBE_WITHIN.as_secs()
+            ),
+        };
+        if !self.subscribed_once.load(Ordering::Relaxed)
+            && !self.polling.swap(true, Ordering::Relaxed)
+        {
+            self.start_polling(name, &why).await;
         }
-        c.settle(reply.map_err(|e| errors::describe(&e, &self.display)))
+        false
+    }
+
+    /// Says once that this waiter polls, and why, and leaves the queue of waiters so
+    /// that releases wake those that can hear it.
+    async fn start_polling(&self, name: &str, why: &str) {
+        let msg = format!(
+            "no release notifications from Redis at {} ({why}): waiting polls instead, \
+             at the holder's lease expiry and at least every {}s, so the hand-off is slower",
+            self.display,
+            crate::backend::MAX_WAIT_SLICE.as_secs()
+        );
+        emit(Level::Info, Event::Waiting, &msg, &[]);
+        let _ = self.stop_waiting(name).await;
     }
 
     /// Extends the lease of `token` in slot `taken` (every slot looked in if unknown).
@@ -348,22 +410,24 @@ impl Backend for RedisBackend {
 
     async fn wait_for_release(
         &self,
-        _name: &str,
+        name: &str,
         busy: &Holder,
         max: Duration,
     ) -> Result<(), BackendError> {
+        if self.listen(name, max).await {
+            // Just subscribed: ask again at once (a release may have come before).
+            return Ok(());
+        }
         // The cap also keeps this waiter's heartbeat fresh (it is renewed by each try).
+        // Without a subscription (polling, or one lost), this sleeps the slice; a lost
+        // connection ends the wait early and is subscribed again next time.
         let slice = wait_slice(busy.ttl_left, max);
-        slot::wait_for_wakeup(&self.connection, RedisConn::pushes, slice, async |pushes| {
-            loop {
-                match pushes.recv().await?.kind {
-                    redis::PushKind::Message => return Some(()),
-                    // The connection is gone; the next call reconnects and resubscribes.
-                    redis::PushKind::Disconnection => return None,
-                    _ => continue,
-                }
-            }
-        })
+        slot::wait_for_wakeup(
+            &self.subscriber,
+            Subscriber::messages,
+            slice,
+            conn::next_wakeup,
+        )
         .await;
         Ok(())
     }

@@ -22,6 +22,7 @@ mod backends;
 mod clock;
 mod etcd;
 mod history;
+mod nutcracker;
 mod pg;
 mod process;
 mod proxy;
@@ -42,6 +43,7 @@ pub use history::{
     crowded, most_inside, overlaps, reused_tokens, slot_overlaps, Sections, SlotSections, SlotSpan,
     Span,
 };
+pub use nutcracker::Nutcracker;
 pub use pg::{Db, PrivatePg, Table};
 pub use process::*;
 pub use proxy::{Mode, Proxy, Watch, Watcher};
