@@ -8,12 +8,20 @@
 //! `--wait` included; wake-ups arrive as RESP2 pub/sub messages on the second
 //! connection, made only once a lock was found busy. Where it cannot be made (a proxy
 //! without pub/sub, `SUBSCRIBE` renamed away or denied), the backend polls instead.
+//!
+//! A wrong scheme for the port is told apart from a server that is down (see
+//! `probe.rs`): a `rediss://` handshake still going after `probe::SUSPECT_AFTER`, and
+//! a `redis://` connection closed before the server answered anything, make lockrun
+//! look at the port, and a port that speaks the other scheme is a refusal naming it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::StreamExt;
 use redis::aio::{MultiplexedConnection, PubSubStream};
-use redis::{AsyncConnectionConfig, RedisError, Value};
+use redis::{AsyncConnectionConfig, ConnectionAddr, RedisError, Value};
 
-use super::errors::{describe, io_reason};
+use super::errors::{self, describe_in, io_reason, Context};
+use super::probe;
 use super::target::RedisTarget;
 use crate::backend::conn::{Connection, Slot, Wakeups};
 use crate::backend::BackendError;
@@ -22,9 +30,43 @@ use crate::backend::BackendError;
 pub struct RedisConn {
     /// The client; cheap to clone (one socket, multiplexed).
     pub conn: MultiplexedConnection,
+    /// Where it is connected (the master's address, behind Sentinel).
+    addr: ConnectionAddr,
+    /// Whether the server has answered anything on it yet (a connection set up with
+    /// `AUTH` or `SELECT` has).
+    answered: AtomicBool,
 }
 
 impl Connection for RedisConn {}
+
+impl RedisConn {
+    /// The error line of a failed call on this connection (of `script`, if it is one):
+    /// a `redis://` connection closed before the server ever answered is a TLS port
+    /// if the port says so. Any answer, error or not, is [`RedisConn::answered`] first.
+    pub async fn explain(
+        &self,
+        e: &RedisError,
+        ctx: &Context<'_>,
+        script: Option<super::scripts::Script>,
+    ) -> BackendError {
+        if ctx.tls.is_none()
+            && e.is_connection_dropped()
+            && !self.answered.load(Ordering::Relaxed)
+            && probe::speaks_tls(&self.addr).await
+        {
+            return errors::tls_port(ctx.at);
+        }
+        if e.code().is_some() {
+            self.answered();
+        }
+        describe_in(e, ctx, script)
+    }
+
+    /// Notes that the server answered on this connection.
+    pub fn answered(&self) {
+        self.answered.store(true, Ordering::Relaxed);
+    }
+}
 
 /// The connection slot of one Redis server.
 pub type RedisSlot = Slot<RedisConn>;
@@ -52,9 +94,18 @@ pub async fn next_wakeup(messages: &mut PubSubStream) -> Option<()> {
 /// The subscriber slot of one Redis server.
 pub type SubscriberSlot = Slot<Subscriber>;
 
+/// A client for one server, before connecting.
+struct Client {
+    client: redis::Client,
+    /// Where it connects (the master's address, behind Sentinel).
+    addr: ConnectionAddr,
+    /// Something is exchanged while connecting: AUTH or SELECT.
+    exchanged: bool,
+}
+
 /// The client for `target`'s server (asking the Sentinels first if it is behind
 /// Sentinel), RESP2 (whatever the URL's `protocol`) without `CLIENT SETINFO`.
-async fn client(target: &RedisTarget, at: &str) -> Result<redis::Client, BackendError> {
+async fn client(target: &RedisTarget, ctx: &Context<'_>) -> Result<Client, BackendError> {
     let settings = target
         .info
         .redis_settings()
@@ -66,7 +117,9 @@ async fn client(target: &RedisTarget, at: &str) -> Result<redis::Client, Backend
         Some(sentinels) => sentinels.master_address().await?,
     }
     .set_redis_settings(settings);
-    match &target.tls {
+    let addr = info.addr().clone();
+    let exchanged = info.redis_settings().password().is_some() || info.redis_settings().db() != 0;
+    let client = match &target.tls {
         None => redis::Client::open(info),
         Some(tls) => {
             // rustls needs a process-wide crypto provider; ring is the one built in.
@@ -84,7 +137,12 @@ async fn client(target: &RedisTarget, at: &str) -> Result<redis::Client, Backend
             redis::Client::build_with_tls(info, certs)
         }
     }
-    .map_err(|e| describe(&e, at))
+    .map_err(|e| describe_in(&e, ctx, None))?;
+    Ok(Client {
+        client,
+        addr,
+        exchanged,
+    })
 }
 
 /// Connects to `target` for scripts. `at` is the server as `host:port`, for messages.
@@ -92,41 +150,83 @@ pub async fn connect(target: &RedisTarget, at: &str) -> Result<RedisConn, Backen
     let conn_config = AsyncConnectionConfig::new()
         .set_connection_timeout(None)
         .set_response_timeout(None);
-    let mut conn = client(target, at)
-        .await?
-        .get_multiplexed_async_connection_with_config(&conn_config)
-        .await
-        .map_err(|e| describe(&e, at))?;
+    let ctx = Context::new(target, at, "");
+    let Client {
+        client,
+        addr,
+        exchanged,
+    } = client(target, &ctx).await?;
+    let connecting = client.get_multiplexed_async_connection_with_config(&conn_config);
+    let mut connecting = std::pin::pin!(connecting);
+    let made = if target.tls.is_some() {
+        tokio::select! {
+            made = &mut connecting => made,
+            () = tokio::time::sleep(probe::SUSPECT_AFTER) => {
+                if probe::speaks_plain_redis(&addr).await {
+                    return Err(errors::plain_port(at));
+                }
+                connecting.await
+            }
+        }
+    } else {
+        connecting.await
+    };
+    let mut conn = match made {
+        Ok(conn) => conn,
+        Err(e) if target.tls.is_none() && e.is_connection_dropped() => {
+            if probe::speaks_tls(&addr).await {
+                return Err(errors::tls_port(at));
+            }
+            return Err(describe_in(&e, &ctx, None));
+        }
+        Err(e) => return Err(describe_in(&e, &ctx, None)),
+    };
     if target.sentinel.is_some() {
-        insist_on_master(&mut conn, at).await?;
+        insist_on_master(&mut conn, &ctx).await?;
     }
-    Ok(RedisConn { conn })
+    Ok(RedisConn {
+        conn,
+        addr,
+        answered: AtomicBool::new(exchanged || target.sentinel.is_some()),
+    })
 }
 
-/// Connects to `target` and subscribes to `channel`. The error says why not, in a
-/// few words for the line that tells that waiting polls instead.
+/// Connects to `target` (the connection `ctx` describes) and subscribes to `channel`.
+/// The error says why not, for the line that tells that waiting polls instead.
 pub async fn subscribe(
     target: &RedisTarget,
     channel: &str,
-    at: &str,
+    ctx: &Context<'_>,
 ) -> Result<Subscriber, String> {
-    let client = client(target, at).await.map_err(|e| e.to_string())?;
+    let client = client(target, ctx).await.map_err(|e| e.to_string())?;
     let mut pubsub = client
+        .client
         .get_async_pubsub()
         .await
-        .map_err(|e| format!("connecting: {}", reason(&e)))?;
+        .map_err(|e| format!("connecting: {}", reason(&e, ctx)))?;
     pubsub
         .subscribe(channel)
         .await
-        .map_err(|e| format!("SUBSCRIBE: {}", reason(&e)))?;
+        .map_err(|e| format!("SUBSCRIBE: {}", reason(&e, ctx)))?;
     let (_, stream) = pubsub.split();
     let messages = Wakeups::new(Some(stream));
     messages.set_subscribed();
     Ok(Subscriber { messages })
 }
 
+/// Why a subscription failed: a missing permission as the error lines name it (with
+/// its `ACL SETUSER` grant), anything else in the server's or the system's words.
+fn reason(e: &RedisError, ctx: &Context<'_>) -> String {
+    let line = describe_in(e, ctx, None).to_string();
+    if line.contains("ACL SETUSER") {
+        let at = format!("Redis at {} ", ctx.at);
+        return line.strip_prefix(&at).unwrap_or(&line).to_owned();
+    }
+    short_reason(e)
+}
+
 /// What a server's refusal or a failed connection says, without addresses.
-fn reason(e: &RedisError) -> String {
+fn short_reason(e: &RedisError) -> String {
     match e.code() {
         Some(code) => format!("{code} {}", e.detail().unwrap_or("").trim())
             .trim()
@@ -137,11 +237,15 @@ fn reason(e: &RedisError) -> String {
 
 /// During a failover the Sentinels may still name the old master, now a replica:
 /// writing the lock there would be lost. Insist on a master.
-async fn insist_on_master(conn: &mut MultiplexedConnection, at: &str) -> Result<(), BackendError> {
+async fn insist_on_master(
+    conn: &mut MultiplexedConnection,
+    ctx: &Context<'_>,
+) -> Result<(), BackendError> {
+    let at = ctx.at;
     let role: Value = redis::cmd("ROLE")
         .query_async(conn)
         .await
-        .map_err(|e| describe(&e, at))?;
+        .map_err(|e| describe_in(&e, ctx, None))?;
     let is_master = matches!(&role, Value::Array(a) if matches!(
         a.first(),
         Some(Value::BulkString(b)) if b == b"master"
@@ -167,8 +271,8 @@ mod tests {
             "refused",
             "unknown command 'SUBSCRIBE'".to_owned(),
         ));
-        assert_eq!(reason(&refused), "ERR unknown command 'SUBSCRIBE'");
+        assert_eq!(short_reason(&refused), "ERR unknown command 'SUBSCRIBE'");
         let cut = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
-        assert_eq!(reason(&cut), "connection closed");
+        assert_eq!(short_reason(&cut), "connection closed");
     }
 }

@@ -45,11 +45,15 @@
 //! lost later (the connection cut) is made again at the next wait, polling meanwhile.
 //!
 //! Files: `target.rs` (the URL), `sentinel.rs` (Sentinel URLs and master lookup),
-//! `conn.rs` (connecting), `errors.rs` (error lines), `scripts.rs` + `scripts/*.lua`,
-//! `replies.rs` (their answers), `redlock.rs` + `redlock/votes.rs` (the quorum).
+//! `conn.rs` (connecting), `probe.rs` (which scheme a port speaks, when connecting
+//! fails), `errors.rs` (error lines), `acl.rs` (the least-privilege ACL rule, which a
+//! denied command's error line quotes), `scripts.rs` + `scripts/*.lua`, `replies.rs`
+//! (their answers), `redlock.rs` + `redlock/votes.rs` (the quorum).
 
+pub mod acl;
 mod conn;
 mod errors;
+mod probe;
 pub mod redlock;
 mod replies;
 mod scripts;
@@ -141,6 +145,11 @@ impl RedisBackend {
         &self.display
     }
 
+    /// What error lines need to know about this backend's connection.
+    fn context(&self) -> errors::Context<'_> {
+        errors::Context::new(&self.target, &self.display, &self.key_prefix)
+    }
+
     /// The connection for one call, made if needed.
     async fn conn(&self) -> Result<InUse<'_, RedisConn>, BackendError> {
         self.connection
@@ -169,7 +178,14 @@ impl RedisBackend {
             .arg(args)
             .query_async::<Value>(&mut conn)
             .await;
-        let value = c.settle(reply.map_err(|e| errors::describe(&e, &self.display)))?;
+        let reply = match reply {
+            Ok(value) => {
+                c.answered();
+                Ok(value)
+            }
+            Err(e) => Err(c.explain(&e, &self.context(), Some(script)).await),
+        };
+        let value = c.settle(reply)?;
         replies::parse(script, value).map_err(|bad| {
             BackendError::Refused(format!("Redis at {} gave {}", self.display, bad.0))
         })
@@ -235,9 +251,10 @@ impl RedisBackend {
             self.waiter_id
         );
         let within = SUBSCRIBE_WITHIN.min(max);
+        let ctx = self.context();
         let subscribe = self
             .subscriber
-            .get(|_| conn::subscribe(&self.target, &channel, &self.display));
+            .get(|_| conn::subscribe(&self.target, &channel, &ctx));
         let why = match tokio::time::timeout(within, subscribe).await {
             Ok(Ok(subscribed)) => {
                 subscribed.keep();
@@ -264,7 +281,7 @@ impl RedisBackend {
     /// that releases wake those that can hear it.
     async fn start_polling(&self, name: &str, why: &str) {
         let msg = format!(
-            "no release notifications from Redis at {} ({why}): waiting polls instead, \
+            "no release notifications from Redis at {} ({why}); waiting polls instead, \
              at the holder's lease expiry and at least every {}s, so the hand-off is slower",
             self.display,
             crate::backend::MAX_WAIT_SLICE.as_secs()
