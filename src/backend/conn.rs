@@ -244,14 +244,37 @@ pub async fn wait_for_wakeup<C, T, F>(
         let receiver = w.is_subscribed().then(|| w.receiver().take()).flatten();
         receiver.map(|r| (conn, generation, r))
     });
-    let Some((conn, generation, mut receiver)) = taken else {
+    let Some((conn, generation, receiver)) = taken else {
         tokio::time::sleep(slice).await;
         return;
     };
-    match tokio::time::timeout(slice, next(&mut receiver)).await {
-        Ok(None) => slot.reset(generation),
-        // Woken or timed out: the receiver goes back for the next wait.
-        Ok(Some(())) | Err(_) => *wakeups(&conn).receiver() = Some(receiver),
+    // Woken, timed out, or dropped (a caller racing several waits): the receiver goes
+    // back for the next wait.
+    let mut back = PutBack {
+        wakeups: wakeups(&conn),
+        receiver: Some(receiver),
+    };
+    let Some(receiver) = back.receiver.as_mut() else {
+        return;
+    };
+    if let Ok(None) = tokio::time::timeout(slice, next(receiver)).await {
+        back.receiver = None;
+        slot.reset(generation);
+    }
+}
+
+/// A receiver taken out of its [`Wakeups`] for one wait, put back when the wait ends
+/// however it ends.
+struct PutBack<'a, T> {
+    wakeups: &'a Wakeups<T>,
+    receiver: Option<T>,
+}
+
+impl<T> Drop for PutBack<'_, T> {
+    fn drop(&mut self) {
+        if let Some(r) = self.receiver.take() {
+            *self.wakeups.receiver() = Some(r);
+        }
     }
 }
 
@@ -332,6 +355,52 @@ mod tests {
             new.keep();
             drop(old); // fails late: generation 0 is long gone
             assert_eq!(slot.current().map(|(c, _)| c.id), Some(1));
+        });
+    }
+
+    struct Pushy {
+        wakeups: Wakeups<tokio::sync::mpsc::UnboundedReceiver<()>>,
+    }
+
+    impl Connection for Pushy {}
+
+    fn pushes(p: &Pushy) -> &Wakeups<tokio::sync::mpsc::UnboundedReceiver<()>> {
+        &p.wakeups
+    }
+
+    #[test]
+    fn a_wait_dropped_before_its_end_puts_the_receiver_back() {
+        let slot = Slot::<Pushy>::default();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let made = Pushy {
+                wakeups: Wakeups::new(Some(rx)),
+            };
+            let c = slot
+                .get(|_| std::future::ready(Ok::<_, ()>(made)))
+                .await
+                .unwrap();
+            c.wakeups.set_subscribed();
+            c.keep();
+            // Lost a race (Redlock waits on every server and takes the first).
+            let wait = wait_for_wakeup(&slot, pushes, Duration::from_secs(60), async |r| {
+                r.recv().await
+            });
+            assert!(tokio::time::timeout(Duration::from_millis(20), wait)
+                .await
+                .is_err());
+            tx.send(()).unwrap();
+            // The next wait still hears the wake-up.
+            let woken = wait_for_wakeup(&slot, pushes, Duration::from_secs(60), async |r| {
+                r.recv().await
+            });
+            assert!(tokio::time::timeout(Duration::from_secs(5), woken)
+                .await
+                .is_ok());
         });
     }
 

@@ -35,14 +35,18 @@
 //! Waiting (`--wait`) without RESP3: the connection speaks RESP2 and never sends
 //! `HELLO`, so an uncontended run works through any proxy. Only once the lock is
 //! found busy does a waiter open a second connection, subscribed (RESP2 pub/sub) to
-//! its own wake-up channel, and then ask once more before it sleeps, so that a release
-//! in between is not missed. Where that connection cannot be made, within
-//! [`SUBSCRIBE_WITHIN`] (twemproxy has no pub/sub; `SUBSCRIBE` may be renamed away or
-//! denied by an ACL), the waiter says so once at `-v`, leaves the queue of waiters
-//! (wake-ups go to those that can hear them) and polls for the rest of the run: it
-//! asks again at the busy lease's expiry, at least every
-//! [`crate::backend::MAX_WAIT_SLICE`] (with jitter: [`wait_slice`]). A subscription
-//! lost later (the connection cut) is made again at the next wait, polling meanwhile.
+//! its own wake-up channel, and then ask once more, so that a release in between is
+//! not missed; both happen within that acquire attempt, before the waiter sleeps (as
+//! the first-come-first-served order needs: a waiter that says it waits is settled).
+//! The subscription gets a twentieth of the TTL ([`subscribe_within`]), half of what
+//! Redlock gives one server for the attempt. Where that connection is refused (twemproxy
+//! has no pub/sub; `SUBSCRIBE` may be renamed away or denied by an ACL), or times out
+//! [`TIMEOUTS_BEFORE_POLLING`] times, before any subscription worked, the waiter says
+//! so once at `-v`, leaves the queue of waiters (wake-ups go to those that can hear
+//! them) and polls for the rest of the run: it asks again at the busy lease's expiry,
+//! at least every [`crate::backend::MAX_WAIT_SLICE`] (with jitter: [`wait_slice`]). A
+//! subscription lost later (the connection cut) is made again at the next busy answer,
+//! polling meanwhile.
 //!
 //! Files: `target.rs` (the URL), `sentinel.rs` (Sentinel URLs and master lookup),
 //! `conn.rs` (connecting), `probe.rs` (which scheme a port speaks, when connecting
@@ -60,7 +64,7 @@ mod scripts;
 pub mod sentinel;
 mod target;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -92,9 +96,15 @@ pub fn script_source(name: &str) -> Option<&'static str> {
 /// every [`crate::backend::MAX_WAIT_SLICE`].
 const WAITER_ALIVE: Duration = Duration::from_secs(6);
 
-/// How long a waiter gives its wake-up connection to connect and subscribe before it
-/// polls instead.
-pub const SUBSCRIBE_WITHIN: Duration = Duration::from_secs(2);
+/// How long a waiter gives its wake-up connection to connect and subscribe, within the
+/// acquire attempt that found the lock busy: a twentieth of the TTL (half of Redlock's
+/// per-server timeout), between 25 ms and 500 ms.
+pub fn subscribe_within(ttl: Duration) -> Duration {
+    (ttl / 20).clamp(Duration::from_millis(25), Duration::from_millis(500))
+}
+
+/// A waiter whose subscriptions timed out this many times, and never worked, polls.
+pub const TIMEOUTS_BEFORE_POLLING: u32 = 3;
 
 /// A lock backend on one Redis server.
 pub struct RedisBackend {
@@ -112,6 +122,8 @@ pub struct RedisBackend {
     /// Set once a subscription succeeded: a later failure is a lost connection, not a
     /// server without pub/sub.
     subscribed_once: AtomicBool,
+    /// Subscriptions that timed out so far.
+    timeouts: AtomicU32,
     /// Set when no subscription could be made: this waiter polls for the rest of the
     /// run, out of the queue.
     polling: AtomicBool,
@@ -134,6 +146,7 @@ impl RedisBackend {
             notifications,
             subscriber: SubscriberSlot::default(),
             subscribed_once: AtomicBool::new(false),
+            timeouts: AtomicU32::new(0),
             polling: AtomicBool::new(false),
             waiter_id: crate::token::random_hex(8),
             taken: Mutex::new(None),
@@ -223,8 +236,15 @@ impl RedisBackend {
         req: &AcquireRequest,
         wanted: Option<u32>,
     ) -> Result<AcquireReply, BackendError> {
-        let queued = self.notifications && !self.polling.load(Ordering::Relaxed);
-        let reply = self.try_acquire(name, req, queued, wanted).await?;
+        let queued = || self.notifications && !self.polling.load(Ordering::Relaxed);
+        let mut reply = self.try_acquire(name, req, queued(), wanted).await?;
+        if matches!(reply, AcquireReply::Busy(_))
+            && self.listen(name, subscribe_within(req.ttl)).await
+        {
+            // Just subscribed, about to wait: ask once more, so that a release that
+            // came before the subscription is not missed.
+            reply = self.try_acquire(name, req, queued(), wanted).await?;
+        }
         if matches!(reply, AcquireReply::Acquired { .. }) {
             // Wake-ups are of no use to a holder: close their connection.
             drop(self.subscriber.take());
@@ -233,12 +253,13 @@ impl RedisBackend {
     }
 
     /// Makes sure a waiter hears its wake-ups: subscribes to its channel on a
-    /// connection of its own, unless subscribed already or polling. True when it just
-    /// subscribed: the caller must ask for the lock again before it sleeps, since a
-    /// release may have come before the subscription. A subscription that fails, and
-    /// never worked, turns this waiter to polling (said once at `-v`); one that worked
-    /// before is tried again at the next wait.
-    pub async fn listen(&self, name: &str, max: Duration) -> bool {
+    /// connection of its own, within `within`, unless subscribed already or polling.
+    /// True when it just subscribed: the caller must ask for the lock again before it
+    /// sleeps, since a release may have come before the subscription. A subscription
+    /// refused (or timed out [`TIMEOUTS_BEFORE_POLLING`] times) before any worked turns
+    /// this waiter to polling (said once at `-v`); otherwise the next busy answer
+    /// tries again.
+    async fn listen(&self, name: &str, within: Duration) -> bool {
         if !self.notifications
             || self.polling.load(Ordering::Relaxed)
             || self.subscriber.current().is_some()
@@ -250,7 +271,6 @@ impl RedisBackend {
             Keys::new(&self.key_prefix, name).wake_prefix,
             self.waiter_id
         );
-        let within = SUBSCRIBE_WITHIN.min(max);
         let ctx = self.context();
         let subscribe = self
             .subscriber
@@ -262,12 +282,16 @@ impl RedisBackend {
                 return true;
             }
             Ok(Err(why)) => why,
-            // Cut short by the end of --wait: no verdict on the server.
-            Err(_) if within < SUBSCRIBE_WITHIN => return false,
-            Err(_) => format!(
-                "SUBSCRIBE: no answer within {}s",
-                SUBSCRIBE_WITHIN.as_secs()
-            ),
+            Err(_) => {
+                let timeouts = self.timeouts.fetch_add(1, Ordering::Relaxed) + 1;
+                if timeouts < TIMEOUTS_BEFORE_POLLING {
+                    return false;
+                }
+                format!(
+                    "SUBSCRIBE: no answer within {} ms, {timeouts} times",
+                    within.as_millis()
+                )
+            }
         };
         if !self.subscribed_once.load(Ordering::Relaxed)
             && !self.polling.swap(true, Ordering::Relaxed)
@@ -427,17 +451,13 @@ impl Backend for RedisBackend {
 
     async fn wait_for_release(
         &self,
-        name: &str,
+        _name: &str,
         busy: &Holder,
         max: Duration,
     ) -> Result<(), BackendError> {
-        if self.listen(name, max).await {
-            // Just subscribed: ask again at once (a release may have come before).
-            return Ok(());
-        }
         // The cap also keeps this waiter's heartbeat fresh (it is renewed by each try).
         // Without a subscription (polling, or one lost), this sleeps the slice; a lost
-        // connection ends the wait early and is subscribed again next time.
+        // connection ends the wait early and is subscribed again at the next try.
         let slice = wait_slice(busy.ttl_left, max);
         slot::wait_for_wakeup(
             &self.subscriber,

@@ -17,9 +17,9 @@
 //! majority holds it with one token. A holder of another N seen by any server is
 //! refused.
 //!
-//! Waiting: a waiter subscribes on every server at once (`RedisBackend::listen`:
-//! each server that cannot give wake-ups is polled instead), then sleeps until the
-//! first wake-up or the first server's timer.
+//! Waiting: each server's acquire that finds the lock busy also subscribes the waiter
+//! there (a server that cannot give wake-ups is polled instead); the waiter then
+//! sleeps until the first wake-up or the first server's timer.
 //!
 //! Fencing: each server answers with `max(its counter + 1, its clock in µs)`. The
 //! quorum's token is the largest answer of the majority that granted the lock, written
@@ -450,12 +450,6 @@ impl Backend for RedlockBackend {
         busy: &Holder,
         max: Duration,
     ) -> Result<(), BackendError> {
-        // Subscribe on every server at once first (not inside the race below, which
-        // would drop the slower ones); a new subscription means asking again at once.
-        let fresh = join_all(self.nodes.iter().map(|n| n.listen(name, max))).await;
-        if fresh.contains(&true) {
-            return Ok(());
-        }
         // A release wakes this waiter on every server that queued it: the first
         // wake-up (or the first timer) is enough.
         let waits: Vec<_> = self
