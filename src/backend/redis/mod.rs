@@ -1,5 +1,7 @@
-//! The Redis backend: one server (`redis://`, `rediss://`, or Valkey), or the master
-//! behind Sentinel (`redis+sentinel://`); [`redlock`] builds a quorum of these.
+//! The Redis backend: one server (`redis://`, `rediss://`, or Valkey), the master
+//! behind Sentinel (`redis+sentinel://`), or a Redis Cluster (any node's `redis://`
+//! URL, or `redis+cluster://` with several seeds; redirections followed in
+//! `cluster.rs`); [`redlock`] builds a quorum of single servers.
 //!
 //! Keys of lock `NAME` under prefix `P` all carry the `{NAME}` hash tag (see
 //! `scripts::Keys`): the lock hash with the lease as its PX expiry, the fencing
@@ -33,9 +35,11 @@
 //! after any error or abandoned call (the caller's timeout), made anew next time.
 //!
 //! Files: `target.rs` (the URL), `sentinel.rs` (Sentinel URLs and master lookup),
+//! `cluster.rs` (a Cluster's redirections, slot owner and failover),
 //! `conn.rs` (connecting), `errors.rs` (error lines), `scripts.rs` + `scripts/*.lua`,
 //! `replies.rs` (their answers), `redlock.rs` + `redlock/votes.rs` (the quorum).
 
+mod cluster;
 mod conn;
 mod errors;
 pub mod redlock;
@@ -47,7 +51,7 @@ mod target;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use redis::{FromRedisValue, Value};
+use redis::FromRedisValue;
 
 use crate::backend::conn::{self as slot, InUse};
 use crate::backend::{
@@ -82,6 +86,8 @@ pub struct RedisBackend {
     /// The N of `--slots` (1: a plain lock).
     slots: u32,
     connection: RedisSlot,
+    /// Where the name's Cluster slot lives (follows nothing for a single server).
+    router: cluster::Router,
     notifications: bool,
     waiter_id: String,
     /// The token and slot of our last acquisition, for renewals to go to that slot
@@ -94,6 +100,7 @@ impl RedisBackend {
     /// wake-ups (needed for `--wait`, Redis 6 or later).
     pub fn new(target: RedisTarget, config: &BackendConfig, notifications: bool) -> RedisBackend {
         RedisBackend {
+            router: cluster::Router::new(target.cluster.as_ref()),
             target,
             display: config.display.clone(),
             key_prefix: config.key_prefix.clone(),
@@ -110,11 +117,10 @@ impl RedisBackend {
         &self.display
     }
 
-    /// The connection for one call, made if needed.
-    async fn conn(&self) -> Result<InUse<'_, RedisConn>, BackendError> {
-        self.connection
-            .get(|_| conn::connect(&self.target, self.notifications, &self.display))
-            .await
+    /// The connection for one call on lock `name`, made if needed (in a Cluster, to
+    /// the node of the name's slot).
+    async fn conn(&self, name: &str) -> Result<InUse<'_, RedisConn>, BackendError> {
+        self.connection.get(|_| self.connect(name)).await
     }
 
     /// Runs `script` on lock `name` (its slot `taken` only, where the script can do
@@ -129,16 +135,9 @@ impl RedisBackend {
         args: &[&str],
     ) -> Result<T, BackendError> {
         let keys = Keys::new(&self.key_prefix, name).for_script(script, self.slots, taken);
-        let c = self.conn().await?;
-        let mut conn = c.conn.clone();
-        let reply = redis::cmd("EVAL")
-            .arg(script.source())
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args)
-            .query_async::<Value>(&mut conn)
-            .await;
-        let value = c.settle(reply.map_err(|e| errors::describe(&e, &self.display)))?;
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(script.source()).arg(keys.len()).arg(keys).arg(args);
+        let value = self.query(name, &cmd).await?;
         replies::parse(script, value).map_err(|bad| {
             BackendError::Refused(format!("Redis at {} gave {}", self.display, bad.0))
         })
@@ -193,7 +192,7 @@ impl RedisBackend {
 
     /// Subscribes the connection to this waiter's wake-up channel.
     async fn subscribe(&self, name: &str) -> Result<(), BackendError> {
-        let c = self.conn().await?;
+        let c = self.conn(name).await?;
         if c.pushes.is_subscribed() {
             c.keep();
             return Ok(());

@@ -146,6 +146,11 @@ impl RedisServer {
             .id() as i32
     }
 
+    /// True until [`RedisServer::kill`]ed.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
     /// SIGKILLs the server and reaps it.
     pub fn kill(&mut self) {
         *self.con.lock().unwrap() = None;
