@@ -26,6 +26,16 @@ fn admin(sub: &str, url: &str, args: &[&str]) -> Finished {
     run(cmd)
 }
 
+/// How many times `server` ran `command` (INFO commandstats).
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    let info: String = server.query(redis::cmd("INFO").arg("commandstats"));
+    let field = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(field.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a number of calls"))
+}
+
 /// The master of lock `name`'s slot.
 fn owner(c: &RedisCluster, name: &str) -> usize {
     c.master_of(c.key_slot(&lock_key(name)))
@@ -127,7 +137,14 @@ fn a_lock_lives_on_across_a_slot_migration() {
     // A renewal (every 1 s) falls while the slot is open: ASK, then TRYAGAIN.
     std::thread::sleep(Duration::from_millis(1200));
     c.finish_migration(slot, to);
-    assert!(!c.node(from).exists(&lock_key(&name)));
+    assert!(
+        calls(c.node(to), "asking") > 0,
+        "no renewal followed an ASK to the importing node"
+    );
+    let left: i64 = c
+        .node(from)
+        .query(redis::cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(slot));
+    assert_eq!(left, 0, "keys left on the old owner");
     // Past a whole lease: only renewals on the new owner kept it.
     std::thread::sleep(Duration::from_millis(3500));
     assert!(h.is_running(), "the holder stopped: {}", h.stderr_so_far());
