@@ -173,7 +173,7 @@ fn a_holder_keeps_its_lock_across_a_manual_failover() {
     let s = Scratch::new();
     let (mut h, token) = start_holder(&c.url(m), &name, &s, &["--ttl", "3s"]);
     wait_until("the lock is replicated", WAIT, || {
-        c.node(r).exists(&lock_key(&name))
+        c.has_key(r, &lock_key(&name))
     });
     c.failover_to(r);
     std::thread::sleep(Duration::from_millis(3500));
@@ -207,7 +207,7 @@ fn a_killed_master_is_followed_to_its_promoted_replica() {
     let s = Scratch::new();
     let (mut h, token) = start_holder(&url, &name, &s, &["--ttl", "10s"]);
     wait_until("the lock is replicated", WAIT, || {
-        c.node(r).exists(&lock_key(&name))
+        c.has_key(r, &lock_key(&name))
     });
     c.kill(m);
     c.wait_master(r);

@@ -60,15 +60,23 @@ impl RedisCluster {
         cluster
     }
 
-    /// Waits until every live node says `cluster_state:ok`, knows 3 masters with slots,
-    /// and every replica's link to its master is up.
+    /// Waits until every node says `cluster_state:ok`, knows 3 masters with slots and
+    /// 3 replicas, and every replica's link to its master is up.
     pub fn wait_healthy(&self) {
         wait_until("the cluster is healthy", Duration::from_secs(60), || {
             self.nodes.iter().filter(|n| n.is_running()).all(|n| {
                 let info: String = n.query(redis::cmd("CLUSTER").arg("INFO"));
                 let ranges = n.query::<Value>(redis::cmd("CLUSTER").arg("SLOTS"));
                 let repl: String = n.query(redis::cmd("INFO").arg("replication"));
-                info.contains("cluster_state:ok")
+                // Every node knows the 3 replicas as such (a master must, before its
+                // replica can take over with CLUSTER FAILOVER).
+                let all: String = n.query(redis::cmd("CLUSTER").arg("NODES"));
+                let replicas = all
+                    .lines()
+                    .filter(|l| l.split(' ').nth(2).is_some_and(|f| f.contains("slave")))
+                    .count();
+                replicas == 3
+                    && info.contains("cluster_state:ok")
                     && matches!(ranges, Value::Array(r) if r.len() == 3)
                     && (repl.contains("role:master") || repl.contains("master_link_status:up"))
             })
@@ -83,6 +91,20 @@ impl RedisCluster {
     /// `redis://127.0.0.1:PORT` of node `i`.
     pub fn url(&self, i: usize) -> String {
         self.nodes[i].url()
+    }
+
+    /// True when node `i` holds `key` (a replica too: asked with `READONLY`).
+    pub fn has_key(&self, i: usize, key: &str) -> bool {
+        let client = redis::Client::open(self.url(i)).expect("node url");
+        let mut con = client
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .expect("connect to a node");
+        let _: () = redis::cmd("READONLY").query(&mut con).expect("READONLY");
+        let n: i64 = redis::cmd("EXISTS")
+            .arg(key)
+            .query(&mut con)
+            .expect("EXISTS");
+        n == 1
     }
 
     /// The slot of `key`, as the cluster computes it.
