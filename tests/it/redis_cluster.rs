@@ -219,6 +219,7 @@ fn a_killed_master_is_followed_to_its_promoted_replica() {
         matches!(f.code, Some(0) | Some(124)),
         "the holder neither kept its lock nor was stopped by its deadline: {f:?}"
     );
+    eprintln!("the holder across the kill: exit {:?}", f.code);
     let s = Scratch::new();
     let next = token_run(&url, &name, &s, &["--wait", "30s"]);
     assert!(

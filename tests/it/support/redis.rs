@@ -154,7 +154,10 @@ impl RedisServer {
     /// SIGKILLs the server and reaps it.
     pub fn kill(&mut self) {
         // Not `unwrap`: a query that panicked poisoned it, and this runs in `Drop`.
-        *self.con.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        *self
+            .con
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
