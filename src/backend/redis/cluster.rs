@@ -312,9 +312,17 @@ impl RedisBackend {
                 }
             }
         }
-        Err(last.unwrap_or_else(|| {
-            BackendError::Unavailable("no node of the Redis Cluster to connect to".into())
-        }))
+        Err(match last {
+            Some(e) if candidates.len() > 1 => {
+                let tried: Vec<String> = candidates.iter().map(show).collect();
+                BackendError::Unavailable(format!(
+                    "no node of the Redis Cluster answered (tried {}); the last: {e}",
+                    tried.join(", ")
+                ))
+            }
+            Some(e) => e,
+            None => BackendError::Unavailable("no node of the Redis Cluster to connect to".into()),
+        })
     }
 
     /// Asks the nodes heard of, `lost` last, for the master of `slot`, and learns it
