@@ -1,6 +1,7 @@
 //! Redis Cluster: one `redis://` URL at any node (or `redis+cluster://` seeds) works for
-//! every name, through redirections, a slot migration and a master failover; several
-//! nodes of one Cluster are never taken for a Redlock quorum.
+//! every name, through redirections, a slot migration and a master failover, and a
+//! semaphore's slots live together on the name's master; several nodes of one Cluster
+//! are never taken for a Redlock quorum.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -267,4 +268,39 @@ fn nodes_of_one_cluster_are_never_a_redlock_quorum() {
             "{name} ran under a Redlock of one Cluster"
         );
     }
+}
+
+#[test]
+fn a_semaphores_slots_live_on_the_names_master() {
+    let c = RedisCluster::start();
+    let m = *masters(&c).last().unwrap();
+    let name = name_on(&c, "sem", m);
+    let url = c.url(if m == 0 { 1 } else { 0 });
+    let opts = ["--slots", "2", "--ttl", "30s"];
+    let mut holders: Vec<(Running, Scratch)> = (0..2)
+        .map(|_| {
+            let s = Scratch::new();
+            let (lr, _) = start_holder(&url, &name, &s, &opts);
+            (lr, s)
+        })
+        .collect();
+    assert!(c.node(m).exists(&slot_key(&name, 0)));
+    assert!(c.node(m).exists(&slot_key(&name, 1)));
+    assert!(c.node(m).exists(&limit_key(&name)));
+    let s = Scratch::new();
+    let mut third = lockrun_run(&url, &name, &opts, &sh(r#"touch "$MARKER""#));
+    third.env("MARKER", s.path("marker"));
+    run(third).assert_failure(75);
+    assert!(!s.exists("marker"), "a third holder ran");
+    let f = admin("status", &url, &["--slots", "2", &name]);
+    f.assert_code(0);
+    let f = admin("release", &url, &["--force", "--slots", "2", &name]);
+    f.assert_code(0);
+    for (lr, s) in &mut holders {
+        s.touch("go");
+        // Broken by the force: each finds out at its next renewal, or ends first.
+        let f = lr.wait_for(Duration::from_secs(30));
+        assert!(matches!(f.code, Some(0) | Some(124)), "{f:?}");
+    }
+    assert!(!c.node(m).exists(&slot_key(&name, 1)));
 }
