@@ -304,3 +304,37 @@ fn a_semaphores_slots_live_on_the_names_master() {
     }
     assert!(!c.node(m).exists(&slot_key(&name, 1)));
 }
+
+#[test]
+fn a_frozen_master_is_left_for_its_promoted_replica() {
+    let c = RedisCluster::start();
+    let all: Vec<usize> = masters(&c).into_iter().collect();
+    let (m, other) = (all[2], all[0]);
+    let r = c.replica_of(m);
+    let name = name_on(&c, "frozen", m);
+    let url = c.url(other);
+    let s = Scratch::new();
+    let (mut h, token) = start_holder(&url, &name, &s, &["--ttl", "20s"]);
+    wait_until("the lock is replicated", WAIT, || {
+        c.has_key(r, &lock_key(&name))
+    });
+    // Frozen, not dead: the holder's renewal to it goes unanswered, and is abandoned.
+    c.freeze(m);
+    c.wait_master(r);
+    // Past two renewals (every 6.7 s), each bounded by 6.7 s.
+    std::thread::sleep(Duration::from_millis(14000));
+    s.touch("go");
+    let f = h.wait_for(Duration::from_secs(60));
+    assert!(
+        matches!(f.code, Some(0) | Some(124)),
+        "the holder neither kept its lock nor was stopped by its deadline: {f:?}"
+    );
+    eprintln!("the holder across the freeze: exit {:?}", f.code);
+    let s = Scratch::new();
+    let next = token_run(&url, &name, &s, &["--wait", "30s"]);
+    assert!(
+        next > token,
+        "token {next} after the failover is not above {token}"
+    );
+    c.thaw(m);
+}

@@ -15,13 +15,14 @@
 //!   migration: the command is sent again after a short pause.
 //!
 //! All of these are bounded by [`MAX_REDIRECTIONS`] per call. When a connection to a
-//! node of a Cluster fails (the master died, and a replica is being promoted), the next
-//! connection first asks the other nodes heard of (the seeds, and every node named by a
-//! redirection or by an earlier answer) `CLUSTER SLOTS` for the slot's master, then
-//! tries it, then every other node heard of: a live node redirects to the new master
-//! once the failover is done. A URL naming one node that is itself the master of the
-//! name, and is never heard to redirect, gives no other node to ask: give several seeds
-//! (`redis+cluster://`) to follow the failover of that node.
+//! node of a Cluster fails, or a call to it is abandoned unanswered (the master died or
+//! froze, and a replica is being promoted), the next connection first asks the other
+//! nodes heard of (the seeds, and every node named by a redirection or by an earlier
+//! answer) `CLUSTER SLOTS` for the slot's master, then tries it, then every other node
+//! heard of: a live node redirects to the new master once the failover is done. A
+//! `redis://` URL naming the very master of the name, which is then never heard to
+//! redirect, gives no other node to ask (nor is it known to be a Cluster): give several
+//! seeds (`redis+cluster://`) to follow the failover of that node.
 //!
 //! Wake-ups of `--wait` stay `PUBLISH`/`SUBSCRIBE`: a Cluster sends every `PUBLISH` to
 //! every node, so the waiter's subscription, on whichever node it connected to, hears
@@ -70,7 +71,8 @@ struct State {
     owner: Option<Node>,
     /// Every node heard of, seeds first.
     known: Vec<Node>,
-    /// The node whose connection failed last (the next connection asks the others).
+    /// The node whose connection failed, or whose answer never came, last (the next
+    /// connection asks the others where the slot is).
     lost: Option<Node>,
     /// The node of the current connection, for messages.
     current: Option<Node>,
@@ -127,10 +129,17 @@ impl Router {
         s.owner = Some(node.clone());
     }
 
-    /// A connection to the current node failed.
-    fn lost(&self) {
+    /// A command is about to be sent to the current node: until it is answered, the
+    /// node counts as lost (a call abandoned by the caller's timeout, on a frozen or
+    /// partitioned master, never answers).
+    fn sending(&self) {
         let mut s = self.state();
         s.lost = s.current.clone();
+    }
+
+    /// The current node answered (a reply or a server error).
+    fn answered(&self) {
+        self.state().lost = None;
     }
 
     /// The node of the current connection as `host:port`, or `fallback`.
@@ -370,10 +379,17 @@ impl RedisBackend {
             let c = self.conn(name).await?;
             let at = self.router.at(&self.display);
             let mut conn = c.conn.clone();
+            self.router.sending();
             let e = match cmd.query_async::<Value>(&mut conn).await {
-                Ok(v) => return c.settle(Ok(v)),
+                Ok(v) => {
+                    self.router.answered();
+                    return c.settle(Ok(v));
+                }
                 Err(e) => e,
             };
+            if !is_connection_error(&e) {
+                self.router.answered();
+            }
             let from = self.router.state().current.clone();
             match redirect_of(&e, from.as_ref()) {
                 Some(_) if !self.router.follows() => {
@@ -409,12 +425,7 @@ impl RedisBackend {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(TRYAGAIN_MAX);
                 }
-                None => {
-                    if is_connection_error(&e) {
-                        self.router.lost();
-                    }
-                    return c.settle(Err(describe(&e, &at)));
-                }
+                None => return c.settle(Err(describe(&e, &at))),
             }
         }
         Err(BackendError::Unavailable(format!(

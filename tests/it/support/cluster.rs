@@ -2,7 +2,9 @@
 //! free ports (and free bus ports), joined by `redis-cli --cluster create` as 3
 //! masters with one replica each; slots migrated and masters failed over on demand.
 
+use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use redis::Value;
@@ -15,6 +17,8 @@ const NODE_TIMEOUT_MS: u64 = 2000;
 /// Six nodes, 3 masters and 3 replicas.
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// Nodes frozen by [`RedisCluster::freeze`]: left out of the test's own queries.
+    frozen: Mutex<BTreeSet<usize>>,
 }
 
 impl RedisCluster {
@@ -55,7 +59,10 @@ impl RedisCluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        let cluster = RedisCluster { nodes };
+        let cluster = RedisCluster {
+            nodes,
+            frozen: Mutex::new(BTreeSet::new()),
+        };
         cluster.wait_healthy();
         cluster
     }
@@ -64,7 +71,7 @@ impl RedisCluster {
     /// 3 replicas, and every replica's link to its master is up.
     pub fn wait_healthy(&self) {
         wait_until("the cluster is healthy", Duration::from_secs(60), || {
-            self.nodes.iter().filter(|n| n.is_running()).all(|n| {
+            self.answering().all(|n| {
                 let info: String = n.query(redis::cmd("CLUSTER").arg("INFO"));
                 let ranges = n.query::<Value>(redis::cmd("CLUSTER").arg("SLOTS"));
                 let repl: String = n.query(redis::cmd("INFO").arg("replication"));
@@ -192,7 +199,7 @@ impl RedisCluster {
         let id = self.id(to);
         let others = self.nodes.iter().enumerate().filter(|(i, _)| *i != to);
         let order = std::iter::once(&self.nodes[to]).chain(others.map(|(_, n)| n));
-        for n in order.filter(|n| n.is_running()) {
+        for n in order.filter(|n| n.is_running() && !self.is_frozen(n)) {
             let role: String = n.query(redis::cmd("INFO").arg("replication"));
             if role.contains("role:master") {
                 let _: String = n.query(
@@ -205,7 +212,7 @@ impl RedisCluster {
             }
         }
         wait_until("every node sees the slot's new owner", WAIT, || {
-            self.nodes.iter().filter(|n| n.is_running()).all(|n| {
+            self.answering().all(|n| {
                 let ranges = slot_ranges(&n.query(redis::cmd("CLUSTER").arg("SLOTS")));
                 ranges.iter().any(|(a, b, (_, port))| {
                     *a <= slot && slot <= *b && *port == self.nodes[to].port()
@@ -233,7 +240,7 @@ impl RedisCluster {
             "every live node sees the new master",
             Duration::from_secs(60),
             || {
-                self.nodes.iter().filter(|n| n.is_running()).all(|n| {
+                self.answering().all(|n| {
                     let ranges = slot_ranges(&n.query(redis::cmd("CLUSTER").arg("SLOTS")));
                     ranges.iter().any(|(_, _, (_, p))| *p == port)
                 })
@@ -245,11 +252,32 @@ impl RedisCluster {
         slot_ranges(&self.any().query(redis::cmd("CLUSTER").arg("SLOTS")))
     }
 
-    fn any(&self) -> &RedisServer {
+    /// Freezes node `i` (SIGSTOP): it keeps its connections and answers nothing.
+    pub fn freeze(&self, i: usize) {
+        self.frozen.lock().unwrap().insert(i);
+        self.nodes[i].pause();
+    }
+
+    /// Thaws node `i` (SIGCONT).
+    pub fn thaw(&self, i: usize) {
+        self.nodes[i].resume();
+        self.frozen.lock().unwrap().remove(&i);
+    }
+
+    fn is_frozen(&self, n: &RedisServer) -> bool {
+        let frozen = self.frozen.lock().unwrap();
+        frozen.iter().any(|&i| self.nodes[i].port() == n.port())
+    }
+
+    /// The nodes that run and are not frozen.
+    fn answering(&self) -> impl Iterator<Item = &RedisServer> {
         self.nodes
             .iter()
-            .find(|n| n.is_running())
-            .expect("a live node")
+            .filter(|n| n.is_running() && !self.is_frozen(n))
+    }
+
+    fn any(&self) -> &RedisServer {
+        self.answering().next().expect("a live node")
     }
 
     fn index_of(&self, port: u16) -> usize {
