@@ -1,14 +1,16 @@
 //! One connection to a Redis server, as the backend's [`Slot`] holds it: the
 //! multiplexed client, and, for `--wait`, the RESP3 push channel that wake-ups arrive
-//! on. Part of [`super`].
+//! on; [`client`] builds the client, over TLS for `rediss://` (and for a Sentinel of
+//! `rediss+sentinel://`). Part of [`super`].
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, PushInfo, Value};
+use redis::{AsyncConnectionConfig, Client, ConnectionInfo, PushInfo, RedisResult, Value};
 use tokio::sync::mpsc;
 
 use super::errors::describe;
 use super::target::RedisTarget;
 use crate::backend::conn::{Connection, Slot, Wakeups};
+use crate::backend::tls::TlsFiles;
 use crate::backend::BackendError;
 
 /// A connection and what rides on it; replaced as a whole after any failure.
@@ -34,7 +36,8 @@ pub type RedisSlot = Slot<RedisConn>;
 
 /// Connects to `target` (asking the Sentinels first if it is behind Sentinel).
 /// `notifications` asks for RESP3 with a push channel (`--wait`, Redis 6 or later).
-/// `at` is the server as `host:port`, for messages.
+/// `at` is the server as `host:port`, for messages; behind Sentinel, messages name the
+/// master's address instead, as the Sentinels gave it.
 pub async fn connect(
     target: &RedisTarget,
     notifications: bool,
@@ -51,13 +54,35 @@ pub async fn connect(
         conn_config = conn_config.set_push_sender(tx);
         pushes = Some(rx);
     }
-    let info = match &target.sentinel {
-        None => target.info.clone(),
-        Some(sentinels) => sentinels.master_address().await?,
+    // Behind Sentinel, the master's address, and how to name it in messages (so that
+    // its refusals are told apart from a Sentinel's).
+    let (info, at) = match &target.sentinel {
+        None => (target.info.clone(), at.to_owned()),
+        Some(sentinels) => {
+            let (addr, master) = sentinels.master_address(target.tls.as_ref()).await?;
+            (target.info.clone().set_addr(addr), master)
+        }
+    };
+    let client = client(info.set_redis_settings(settings), target.tls.as_ref())
+        .map_err(|e| describe(&e, &at))?;
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&conn_config)
+        .await
+        .map_err(|e| describe(&e, &at))?;
+    if target.sentinel.is_some() {
+        insist_on_master(&mut conn, &at).await?;
     }
-    .set_redis_settings(settings);
-    let client = match &target.tls {
-        None => redis::Client::open(info),
+    Ok(RedisConn {
+        conn,
+        pushes: Wakeups::new(pushes),
+    })
+}
+
+/// A client for `info`, over TLS with `tls`'s files when given (`info` is then a
+/// `rediss` address); shared with the Sentinels' (see `sentinel.rs`).
+pub fn client(info: ConnectionInfo, tls: Option<&TlsFiles>) -> RedisResult<Client> {
+    match tls {
+        None => Client::open(info),
         Some(tls) => {
             // rustls needs a process-wide crypto provider; ring is the one built in.
             let _ = rustls::crypto::ring::default_provider().install_default();
@@ -71,21 +96,9 @@ pub async fn connect(
                     }),
                 root_cert: tls.ca.clone(),
             };
-            redis::Client::build_with_tls(info, certs)
+            Client::build_with_tls(info, certs)
         }
     }
-    .map_err(|e| describe(&e, at))?;
-    let mut conn = client
-        .get_multiplexed_async_connection_with_config(&conn_config)
-        .await
-        .map_err(|e| describe(&e, at))?;
-    if target.sentinel.is_some() {
-        insist_on_master(&mut conn, at).await?;
-    }
-    Ok(RedisConn {
-        conn,
-        pushes: Wakeups::new(pushes),
-    })
 }
 
 /// During a failover the Sentinels may still name the old master, now a replica:
@@ -103,7 +116,7 @@ async fn insist_on_master(conn: &mut MultiplexedConnection, at: &str) -> Result<
         Ok(())
     } else {
         Err(BackendError::Unavailable(format!(
-            "the server {at} names is not a master (failover in progress)"
+            "Redis at {at} is not a master (failover in progress)"
         )))
     }
 }

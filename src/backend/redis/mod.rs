@@ -1,5 +1,6 @@
 //! The Redis backend: one server (`redis://`, `rediss://`, or Valkey), or the master
-//! behind Sentinel (`redis+sentinel://`); [`redlock`] builds a quorum of these.
+//! behind Sentinel (`redis+sentinel://`, `rediss+sentinel://`; with the Sentinels' own
+//! password and TLS, see [`sentinel`]); [`redlock`] builds a quorum of these.
 //!
 //! Keys of lock `NAME` under prefix `P` all carry the `{NAME}` hash tag (see
 //! `scripts::Keys`): the lock hash with the lease as its PX expiry, the fencing
