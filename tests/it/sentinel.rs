@@ -385,3 +385,65 @@ fn rediss_sentinel_speaks_tls_to_the_sentinels_and_the_master() {
         .query(redis::cmd("GET").arg(fence_key("job")));
     assert_eq!(fence, Some(after.to_string()));
 }
+
+#[test]
+fn client_certificates_and_a_sentinel_acl_user() {
+    // Every server and the Sentinel demand a client certificate; the Sentinel knows only
+    // the ACL user `watcher`, the master has a password of its own.
+    let cluster = Sentinel::start_secured(
+        DOWN_AFTER,
+        Security {
+            master_password: Some("master-pw".into()),
+            sentinel_user: Some(("watcher".into(), "watcher-pw".into())),
+            tls: Some(TlsFiles::generate(true)),
+            ..Security::default()
+        },
+    );
+    let tls = cluster.tls_files();
+    let with_tls = |cmd: &mut std::process::Command, cert: bool| {
+        cmd.env("LOCKRUN_TLS_CA", tls.path("ca.pem"));
+        if cert {
+            cmd.env("LOCKRUN_TLS_CERT", tls.path("client.pem"))
+                .env("LOCKRUN_TLS_KEY", tls.path("client.key"));
+        }
+    };
+    let s = Scratch::new();
+    let mut cmd = env_run(&cluster.url_with(":master-pw"), &s);
+    with_tls(&mut cmd, true);
+    cmd.env("LOCKRUN_SENTINEL_USER", "watcher")
+        .env("LOCKRUN_SENTINEL_PASSWORD", "watcher-pw");
+    run(cmd).assert_code(0);
+    assert!(!s.read("out").contains("-pw"), "{}", s.read("out"));
+    assert!(cluster.master().exists(&fence_key("job")));
+
+    // The right password for another user of the Sentinel's.
+    let s = Scratch::new();
+    let mut cmd = lockrun_run(
+        &cluster.url_with(":master-pw"),
+        "job",
+        &[],
+        &sh(r#"touch "$MARKER""#),
+    );
+    with_tls(&mut cmd, true);
+    cmd.env("LOCKRUN_SENTINEL_USER", "default")
+        .env("LOCKRUN_SENTINEL_PASSWORD", "watcher-pw");
+    let line = refused_at_once(cmd, &s);
+    assert!(
+        line.contains("Sentinel 127.0.0.1:") && line.contains("refused authentication"),
+        "{line}"
+    );
+
+    // No client certificate: refused, at once, in one line.
+    let s = Scratch::new();
+    let mut cmd = lockrun_run(
+        &cluster.url_with(":master-pw"),
+        "job",
+        &[],
+        &sh(r#"touch "$MARKER""#),
+    );
+    with_tls(&mut cmd, false);
+    cmd.env("LOCKRUN_SENTINEL_USER", "watcher")
+        .env("LOCKRUN_SENTINEL_PASSWORD", "watcher-pw");
+    let line = refused_at_once(cmd, &s);
+    assert!(line.contains("Sentinel 127.0.0.1:"), "{line}");
+}

@@ -25,7 +25,7 @@ use std::time::Duration;
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisResult, Value};
 
 use super::conn::client;
-use super::errors::{describe, io_reason};
+use super::errors::describe;
 use super::target::{self, RedisTarget};
 use crate::backend::table::{host_list, split_userinfo};
 use crate::backend::tls::TlsFiles;
@@ -223,10 +223,8 @@ impl Sentinels {
     async fn ask(&self, addr: &str, tls: Option<&TlsFiles>) -> Result<Answer, BackendError> {
         let at = format!("Sentinel {addr}");
         let scheme = if tls.is_some() { "rediss" } else { "redis" };
-        let fail = |e: &redis::RedisError| match describe(e, &at) {
-            refused @ BackendError::Refused(_) => refused,
-            _ => BackendError::Unavailable(format!("Sentinel {addr}: {}", io_reason(e))),
-        };
+        // The error lines of any Redis server, naming the Sentinel.
+        let fail = |e: &redis::RedisError| describe(e, &at);
         let info = format!("{scheme}://{addr}")
             .into_connection_info()
             .map_err(|e| fail(&e))?;

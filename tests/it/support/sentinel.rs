@@ -26,6 +26,9 @@ pub struct Security {
     pub master_password: Option<String>,
     /// The Sentinel's own `requirepass`.
     pub sentinel_password: Option<String>,
+    /// An ACL user of the Sentinel's (name, password) that may do everything, with its
+    /// default user switched off.
+    pub sentinel_user: Option<(String, String)>,
     /// TLS with these files everywhere (`tls-replication yes`).
     pub tls: Option<TlsFiles>,
 }
@@ -106,6 +109,9 @@ impl Sentinel {
         }
         if let Some(pw) = &security.sentinel_password {
             conf_text += &format!("requirepass {pw}\n");
+        }
+        if let Some((user, pw)) = &security.sentinel_user {
+            conf_text += &format!("user {user} on >{pw} +@all\nuser default off\n");
         }
         let args = tls_args(sentinel_tls_port);
         for pair in args.chunks(2) {
@@ -223,9 +229,13 @@ impl Sentinel {
 
     /// Asks the Sentinel; `None` when it does not answer (yet).
     fn ask<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Option<T> {
-        let auth = match &self.security.sentinel_password {
-            Some(pw) => format!(":{pw}@"),
-            None => String::new(),
+        let auth = match (
+            &self.security.sentinel_user,
+            &self.security.sentinel_password,
+        ) {
+            (Some((user, pw)), _) => format!("{user}:{pw}@"),
+            (None, Some(pw)) => format!(":{pw}@"),
+            (None, None) => String::new(),
         };
         let url = format!("redis://{auth}127.0.0.1:{}", self.sentinel_port);
         let client = redis::Client::open(url).ok()?;
