@@ -209,9 +209,13 @@ impl Sentinels {
                 }
                 Ok(Err(e)) => last_error = e,
                 Err(_) => {
-                    last_error = BackendError::Unavailable(format!(
-                        "Sentinel {addr} did not answer within 1s"
-                    ))
+                    last_error = BackendError::Unavailable(match tls {
+                        None => format!("Sentinel {addr} did not answer within 1s"),
+                        Some(_) => format!(
+                            "Sentinel {addr} did not answer within 1s ({})",
+                            tls_hint(true)
+                        ),
+                    })
                 }
             }
         }
@@ -223,8 +227,17 @@ impl Sentinels {
     async fn ask(&self, addr: &str, tls: Option<&TlsFiles>) -> Result<Answer, BackendError> {
         let at = format!("Sentinel {addr}");
         let scheme = if tls.is_some() { "rediss" } else { "redis" };
-        // The error lines of any Redis server, naming the Sentinel.
-        let fail = |e: &redis::RedisError| describe(e, &at);
+        // The error lines of any Redis server, naming the Sentinel; a plain port asked
+        // with TLS, or a TLS port without, look like a Sentinel that is slow or gone.
+        let fail = |e: &redis::RedisError| match describe(e, &at) {
+            BackendError::Unavailable(line) if tls.is_some() && e.is_timeout() => {
+                BackendError::Unavailable(format!("{line} ({})", tls_hint(true)))
+            }
+            BackendError::Unavailable(line) if tls.is_none() && e.is_connection_dropped() => {
+                BackendError::Unavailable(format!("{line} ({})", tls_hint(false)))
+            }
+            other => other,
+        };
         let info = format!("{scheme}://{addr}")
             .into_connection_info()
             .map_err(|e| fail(&e))?;
@@ -290,6 +303,15 @@ impl Sentinels {
             e.kind() == redis::ErrorKind::AuthenticationFailed
                 || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
         };
+        if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) {
+            let user = self.auth.as_ref().and_then(|a| a.user.as_deref());
+            return Err(BackendError::Refused(format!(
+                "Sentinel {addr} denied the question to user {}: grant it with \
+                 ACL SETUSER {} +sentinel|get-master-addr-by-name",
+                user.unwrap_or("default"),
+                user.unwrap_or("default")
+            )));
+        }
         if !is_auth(e) {
             return Err(describe(e, &format!("Sentinel {addr}")));
         }
@@ -318,6 +340,16 @@ impl Sentinels {
             "Sentinel {addr} refused authentication ({}): {fix}",
             why.trim()
         )))
+    }
+}
+
+/// What to check when a Sentinel does not answer, or closes the connection, with
+/// (`tls`) or without TLS.
+fn tls_hint(tls: bool) -> &'static str {
+    if tls {
+        "rediss+sentinel:// needs the Sentinels' tls-port: is this a plain port?"
+    } else {
+        "if this is the Sentinels' tls-port, use rediss+sentinel://"
     }
 }
 
@@ -539,6 +571,14 @@ mod tests {
         // Something that is not a Sentinel.
         let e = s.judge("s1:1", Some(&ok), &Ok(Value::Int(3))).unwrap_err();
         assert!(matches!(&e, BackendError::Refused(l) if l.contains("is it a Sentinel")));
+        let denied = reply_error(
+            "NOPERM User default has no permissions to run the 'sentinel|get-master-addr-by-name' command",
+        );
+        let e = s.judge("s1:1", Some(&ok), &denied).unwrap_err();
+        assert!(
+            matches!(&e, BackendError::Refused(l) if l.contains("+sentinel|get-master-addr-by-name")),
+            "{e:?}"
+        );
         let other = reply_error("ERR unknown command 'SENTINEL'");
         assert!(matches!(
             s.judge("s1:1", Some(&ok), &other),
