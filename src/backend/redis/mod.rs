@@ -34,11 +34,15 @@
 //! after any error or abandoned call (the caller's timeout), made anew next time.
 //!
 //! Files: `target.rs` (the URL), `sentinel.rs` (Sentinel URLs and master lookup),
-//! `conn.rs` (connecting), `errors.rs` (error lines), `scripts.rs` + `scripts/*.lua`,
-//! `replies.rs` (their answers), `redlock.rs` + `redlock/votes.rs` (the quorum).
+//! `conn.rs` (connecting), `probe.rs` (which scheme a port speaks, when connecting
+//! fails), `errors.rs` (error lines), `acl.rs` (the least-privilege ACL rule, which a
+//! denied command's error line quotes), `scripts.rs` + `scripts/*.lua`, `replies.rs`
+//! (their answers), `redlock.rs` + `redlock/votes.rs` (the quorum).
 
+pub mod acl;
 mod conn;
 mod errors;
+mod probe;
 pub mod redlock;
 mod replies;
 mod scripts;
@@ -111,6 +115,11 @@ impl RedisBackend {
         &self.display
     }
 
+    /// What error lines need to know about this backend's connection.
+    fn context(&self) -> errors::Context<'_> {
+        errors::Context::new(&self.target, &self.display, &self.key_prefix)
+    }
+
     /// The connection for one call, made if needed.
     async fn conn(&self) -> Result<InUse<'_, RedisConn>, BackendError> {
         self.connection
@@ -139,7 +148,14 @@ impl RedisBackend {
             .arg(args)
             .query_async::<Value>(&mut conn)
             .await;
-        let value = c.settle(reply.map_err(|e| errors::describe(&e, &self.display)))?;
+        let reply = match reply {
+            Ok(value) => {
+                c.answered();
+                Ok(value)
+            }
+            Err(e) => Err(c.explain(&e, &self.context(), Some(script)).await),
+        };
+        let value = c.settle(reply)?;
         replies::parse(script, value).map_err(|bad| {
             BackendError::Refused(format!("Redis at {} gave {}", self.display, bad.0))
         })
@@ -205,11 +221,14 @@ impl RedisBackend {
             self.waiter_id
         );
         let mut conn = c.conn.clone();
-        let reply = conn.subscribe(&channel).await;
-        if reply.is_ok() {
-            c.pushes.set_subscribed();
-        }
-        c.settle(reply.map_err(|e| errors::describe(&e, &self.display)))
+        let reply = match conn.subscribe(&channel).await {
+            Ok(()) => {
+                c.pushes.set_subscribed();
+                Ok(())
+            }
+            Err(e) => Err(c.explain(&e, &self.context(), None).await),
+        };
+        c.settle(reply)
     }
 
     /// Extends the lease of `token` in slot `taken` (every slot looked in if unknown).

@@ -25,7 +25,8 @@ use std::time::Duration;
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisResult, Value};
 
 use super::conn::client;
-use super::errors::describe;
+use super::errors::{describe, describe_in, Context};
+use super::probe;
 use super::target::{self, RedisTarget};
 use crate::backend::table::{host_list, split_userinfo};
 use crate::backend::tls::TlsFiles;
@@ -209,13 +210,9 @@ impl Sentinels {
                 }
                 Ok(Err(e)) => last_error = e,
                 Err(_) => {
-                    last_error = BackendError::Unavailable(match tls {
-                        None => format!("Sentinel {addr} did not answer within 1s"),
-                        Some(_) => format!(
-                            "Sentinel {addr} did not answer within 1s ({})",
-                            tls_hint(true)
-                        ),
-                    })
+                    last_error = BackendError::Unavailable(format!(
+                        "Sentinel {addr} did not answer within 1s"
+                    ))
                 }
             }
         }
@@ -223,30 +220,26 @@ impl Sentinels {
     }
 
     /// Asks one Sentinel: `AUTH` (if we have credentials) and the question, in one
-    /// pipeline.
+    /// pipeline. A connection that fails the way a wrong scheme makes it fail has the
+    /// port looked at (`probe.rs`), as `conn.rs` does for a server.
     async fn ask(&self, addr: &str, tls: Option<&TlsFiles>) -> Result<Answer, BackendError> {
         let at = format!("Sentinel {addr}");
-        let scheme = if tls.is_some() { "rediss" } else { "redis" };
-        // The error lines of any Redis server, naming the Sentinel; a plain port asked
-        // with TLS, or a TLS port without, look like a Sentinel that is slow or gone.
-        let fail = |e: &redis::RedisError| match describe(e, &at) {
-            BackendError::Unavailable(line) if tls.is_some() && e.is_timeout() => {
-                BackendError::Unavailable(format!("{line} ({})", tls_hint(true)))
-            }
-            BackendError::Unavailable(line) if tls.is_none() && e.is_connection_dropped() => {
-                BackendError::Unavailable(format!("{line} ({})", tls_hint(false)))
-            }
-            other => other,
+        // The error lines of any Redis server, naming the Sentinel.
+        let ctx = Context {
+            at: &at,
+            user: self.auth.as_ref().and_then(|a| a.user.as_deref()),
+            password: self.auth.is_some(),
+            tls,
+            key_prefix: "",
         };
+        let scheme = if tls.is_some() { "rediss" } else { "redis" };
         let info = format!("{scheme}://{addr}")
             .into_connection_info()
-            .map_err(|e| fail(&e))?;
+            .map_err(|e| describe_in(&e, &ctx, None))?;
+        let port = info.addr().clone();
         let settings = info.redis_settings().clone().set_skip_set_lib_name();
-        let client = client(info.set_redis_settings(settings), tls).map_err(|e| fail(&e))?;
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(|e| fail(&e))?;
+        let client = client(info.set_redis_settings(settings), tls)
+            .map_err(|e| describe_in(&e, &ctx, None))?;
         let mut pipe = redis::pipe();
         if let Some(auth) = &self.auth {
             let cmd = pipe.cmd("AUTH");
@@ -257,12 +250,35 @@ impl Sentinels {
         }
         pipe.cmd("SENTINEL")
             .arg("get-master-addr-by-name")
-            .arg(&self.master);
-        let replies: Vec<RedisResult<Value>> = pipe
-            .ignore_errors()
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| fail(&e))?;
+            .arg(&self.master)
+            .ignore_errors();
+        let connecting = client.get_multiplexed_async_connection();
+        let mut connecting = std::pin::pin!(connecting);
+        let made = match tls {
+            Some(_) => tokio::select! {
+                made = &mut connecting => made,
+                () = tokio::time::sleep(probe::SUSPECT_AFTER) => {
+                    if probe::speaks_plain_redis(&port).await {
+                        return Err(wrong_scheme(addr, true));
+                    }
+                    connecting.await
+                }
+            },
+            None => connecting.await,
+        };
+        let replies: RedisResult<Vec<RedisResult<Value>>> = match made {
+            Ok(mut conn) => pipe.query_async(&mut conn).await,
+            Err(e) => Err(e),
+        };
+        let replies = match replies {
+            Ok(replies) => replies,
+            Err(e)
+                if tls.is_none() && e.is_connection_dropped() && probe::speaks_tls(&port).await =>
+            {
+                return Err(wrong_scheme(addr, false))
+            }
+            Err(e) => return Err(describe_in(&e, &ctx, None)),
+        };
         let (auth, answer) = match replies.as_slice() {
             [auth, answer] if self.auth.is_some() => (Some(auth), answer),
             [answer] if self.auth.is_none() => (None, answer),
@@ -343,14 +359,20 @@ impl Sentinels {
     }
 }
 
-/// What to check when a Sentinel does not answer, or closes the connection, with
-/// (`tls`) or without TLS.
-fn tls_hint(tls: bool) -> &'static str {
-    if tls {
-        "rediss+sentinel:// needs the Sentinels' tls-port: is this a plain port?"
+/// The line for a Sentinel port that speaks the other scheme: plain text although TLS
+/// was asked for (`tls_asked`), or TLS although it was not.
+fn wrong_scheme(addr: &str, tls_asked: bool) -> BackendError {
+    BackendError::Refused(if tls_asked {
+        format!(
+            "Sentinel {addr} answers without TLS on that port: use redis+sentinel:// for it, \
+             or rediss+sentinel:// with the Sentinels' tls-port"
+        )
     } else {
-        "if this is the Sentinels' tls-port, use rediss+sentinel://"
-    }
+        format!(
+            "Sentinel {addr} speaks TLS on that port: use rediss+sentinel:// (and \
+             LOCKRUN_TLS_CA for a private CA)"
+        )
+    })
 }
 
 /// `host:port`, with an IPv6 address in brackets.
