@@ -468,5 +468,31 @@ fn client_certificates_and_a_sentinel_acl_user() {
     cmd.env("LOCKRUN_SENTINEL_USER", "watcher")
         .env("LOCKRUN_SENTINEL_PASSWORD", "watcher-pw");
     let line = refused_at_once(cmd, &s);
-    assert!(line.contains("Sentinel 127.0.0.1:"), "{line}");
+    assert!(
+        line.contains("Sentinel 127.0.0.1:")
+            && line.contains("demands a client certificate")
+            && line.contains("LOCKRUN_TLS_CERT"),
+        "{line}"
+    );
+
+    // A client certificate of another CA's.
+    let stranger = TlsFiles::generate(true);
+    let s = Scratch::new();
+    let mut cmd = lockrun_run(
+        &cluster.url_with(":master-pw"),
+        "job",
+        &[],
+        &sh(r#"touch "$MARKER""#),
+    );
+    with_tls(&mut cmd, false);
+    cmd.env("LOCKRUN_TLS_CERT", stranger.path("client.pem"))
+        .env("LOCKRUN_TLS_KEY", stranger.path("client.key"))
+        .env("LOCKRUN_SENTINEL_USER", "watcher")
+        .env("LOCKRUN_SENTINEL_PASSWORD", "watcher-pw");
+    let line = refused_at_once(cmd, &s);
+    assert!(
+        line.contains("Sentinel 127.0.0.1:")
+            && line.contains("does not trust the client certificate of LOCKRUN_TLS_CERT"),
+        "{line}"
+    );
 }

@@ -17,7 +17,11 @@
 //! TLS: `rediss+sentinel://` speaks TLS to every Sentinel and to the master (Sentinel's
 //! `tls-port` with `tls-replication yes`), with the files of `rediss://`
 //! (`LOCKRUN_TLS_CA`, `LOCKRUN_TLS_CERT`, `LOCKRUN_TLS_KEY`); the master's certificate
-//! must name the address the Sentinels give out. Never a fall back to plain text.
+//! must name the address the Sentinels give out. Never a fall back to plain text. A
+//! Sentinel port of the other scheme is looked at as `conn.rs` looks at a server's
+//! (`probe.rs`) and named; a TLS Sentinel that hangs up before answering is told to be
+//! checked for the client certificate it may demand (TLS 1.3 servers check it after
+//! the handshake, and their alert is lost when our write fails first).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -273,9 +277,29 @@ impl Sentinels {
         let replies = match replies {
             Ok(replies) => replies,
             Err(e)
-                if tls.is_none() && e.is_connection_dropped() && probe::speaks_tls(&port).await =>
+                if tls.is_none()
+                    && e.is_connection_dropped()
+                    && !e.is_connection_refusal()
+                    && probe::speaks_tls(&port).await =>
             {
                 return Err(wrong_scheme(addr, false))
+            }
+            // TLS 1.3: the server checks our certificate after the handshake has ended
+            // on our side, and its alert is lost when our write fails first.
+            Err(e) if e.is_connection_dropped() && !e.is_connection_refusal() => {
+                if let Some(tls) = tls {
+                    return Err(BackendError::Unavailable(format!(
+                        "Sentinel {addr} closed the TLS connection before answering: {}",
+                        if tls.client.is_none() {
+                            "if it demands a client certificate (tls-auth-clients), set \
+                             LOCKRUN_TLS_CERT and LOCKRUN_TLS_KEY"
+                        } else {
+                            "if it does not trust the client certificate of LOCKRUN_TLS_CERT, \
+                             use one signed by a CA it trusts (its tls-ca-cert-file)"
+                        }
+                    )));
+                }
+                return Err(describe_in(&e, &ctx, None));
             }
             Err(e) => return Err(describe_in(&e, &ctx, None)),
         };
