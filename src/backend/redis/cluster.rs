@@ -39,8 +39,8 @@ use std::time::Duration;
 use redis::{ErrorKind, ServerErrorKind, Value};
 
 use super::conn::{self, RedisConn};
-use super::errors::describe;
-use super::scripts::Keys;
+use super::errors::{describe, describe_in, Context};
+use super::scripts::{Keys, Script};
 use super::target::{Node, Seeds};
 use super::RedisBackend;
 use crate::backend::BackendError;
@@ -373,7 +373,12 @@ impl RedisBackend {
     /// Sends `cmd` (a command on lock `name`'s keys) and answers its reply, following
     /// the Cluster's redirections (see the module documentation). A failed call drops
     /// the connection (so does an abandoned one).
-    pub(super) async fn query(&self, name: &str, cmd: &redis::Cmd) -> Result<Value, BackendError> {
+    pub(super) async fn query(
+        &self,
+        name: &str,
+        cmd: &redis::Cmd,
+        script: Script,
+    ) -> Result<Value, BackendError> {
         let mut pause = TRYAGAIN_FIRST;
         for _ in 0..MAX_REDIRECTIONS {
             let c = self.conn(name).await?;
@@ -383,6 +388,7 @@ impl RedisBackend {
             let e = match cmd.query_async::<Value>(&mut conn).await {
                 Ok(v) => {
                     self.router.answered();
+                    c.answered();
                     return c.settle(Ok(v));
                 }
                 Err(e) => e,
@@ -416,16 +422,24 @@ impl RedisBackend {
                             pause = (pause * 2).min(TRYAGAIN_MAX);
                         }
                         Err(e) if redirect_of(&e, Some(&node)).is_some() => {}
-                        Err(e) => return Err(describe(&e, &show(&node))),
+                        Err(e) => {
+                            let at = show(&node);
+                            let ctx = Context::new(&self.target, &at, &self.key_prefix);
+                            return Err(describe_in(&e, &ctx, Some(script)));
+                        }
                     }
                 }
                 Some(Err(())) => return c.settle(Err(describe(&e, &at))),
-                None if is_tryagain(&e) && self.router.follows() => {
+                None if !self.router.follows() || !is_tryagain(&e) => {
+                    let ctx = Context::new(&self.target, &at, &self.key_prefix);
+                    let error = c.explain(&e, &ctx, Some(script)).await;
+                    return c.settle(Err(error));
+                }
+                None => {
                     c.keep();
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(TRYAGAIN_MAX);
                 }
-                None => return c.settle(Err(describe(&e, &at))),
             }
         }
         Err(BackendError::Unavailable(format!(

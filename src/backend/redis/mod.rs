@@ -1,6 +1,7 @@
 //! The Redis backend: one server (`redis://`, `rediss://`, or Valkey), the master
-//! behind Sentinel (`redis+sentinel://`), or a Redis Cluster (any node's `redis://`
-//! URL, or `redis+cluster://` with several seeds; redirections followed in
+//! behind Sentinel (`redis+sentinel://`, `rediss+sentinel://`; with the Sentinels' own
+//! password and TLS, see [`sentinel`]), or a Redis Cluster (any node's `redis://` URL,
+//! or `redis+cluster://` with several seeds; redirections and failovers followed in
 //! `cluster.rs`); [`redlock`] builds a quorum of single servers.
 //!
 //! Keys of lock `NAME` under prefix `P` all carry the `{NAME}` hash tag (see
@@ -36,12 +37,16 @@
 //!
 //! Files: `target.rs` (the URL), `sentinel.rs` (Sentinel URLs and master lookup),
 //! `cluster.rs` (a Cluster's redirections, slot owner and failover),
-//! `conn.rs` (connecting), `errors.rs` (error lines), `scripts.rs` + `scripts/*.lua`,
-//! `replies.rs` (their answers), `redlock.rs` + `redlock/votes.rs` (the quorum).
+//! `conn.rs` (connecting), `probe.rs` (which scheme a port speaks, when connecting
+//! fails), `errors.rs` (error lines), `acl.rs` (the least-privilege ACL rule, which a
+//! denied command's error line quotes), `scripts.rs` + `scripts/*.lua`, `replies.rs`
+//! (their answers), `redlock.rs` + `redlock/votes.rs` (the quorum).
 
+pub mod acl;
 mod cluster;
 mod conn;
 mod errors;
+mod probe;
 pub mod redlock;
 mod replies;
 mod scripts;
@@ -117,6 +122,11 @@ impl RedisBackend {
         &self.display
     }
 
+    /// What error lines need to know about this backend's connection.
+    fn context(&self) -> errors::Context<'_> {
+        errors::Context::new(&self.target, &self.display, &self.key_prefix)
+    }
+
     /// The connection for one call on lock `name`, made if needed (in a Cluster, to
     /// the node of the name's slot).
     async fn conn(&self, name: &str) -> Result<InUse<'_, RedisConn>, BackendError> {
@@ -137,7 +147,7 @@ impl RedisBackend {
         let keys = Keys::new(&self.key_prefix, name).for_script(script, self.slots, taken);
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(script.source()).arg(keys.len()).arg(keys).arg(args);
-        let value = self.query(name, &cmd).await?;
+        let value = self.query(name, &cmd, script).await?;
         replies::parse(script, value).map_err(|bad| {
             BackendError::Refused(format!("Redis at {} gave {}", self.display, bad.0))
         })
@@ -203,11 +213,14 @@ impl RedisBackend {
             self.waiter_id
         );
         let mut conn = c.conn.clone();
-        let reply = conn.subscribe(&channel).await;
-        if reply.is_ok() {
-            c.pushes.set_subscribed();
-        }
-        c.settle(reply.map_err(|e| errors::describe(&e, &self.display)))
+        let reply = match conn.subscribe(&channel).await {
+            Ok(()) => {
+                c.pushes.set_subscribed();
+                Ok(())
+            }
+            Err(e) => Err(c.explain(&e, &self.context(), None).await),
+        };
+        c.settle(reply)
     }
 
     /// Extends the lease of `token` in slot `taken` (every slot looked in if unknown).

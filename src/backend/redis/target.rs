@@ -42,9 +42,10 @@ pub struct RedisTarget {
     /// Address, database, user and password (the password is redacted in `Debug`).
     /// Behind Sentinel, the address is a placeholder: the master's is asked for.
     pub info: redis::ConnectionInfo,
-    /// TLS material, for `rediss://` only.
+    /// TLS material, for `rediss://` and `rediss+sentinel://` only.
     pub tls: Option<TlsFiles>,
-    /// For `redis+sentinel://`: where to ask for the master's address.
+    /// For `redis+sentinel://` and `rediss+sentinel://`: where to ask for the master's
+    /// address, and with what credentials.
     pub sentinel: Option<Sentinels>,
     /// The seed nodes of a Redis Cluster: the backend follows the Cluster's
     /// redirections, starting from them. None for a server that must never redirect
