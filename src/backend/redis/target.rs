@@ -1,5 +1,5 @@
 //! `redis://[user:password@]host:port[/db]` and `rediss://` (TLS): the URL checked into
-//! a [`RedisTarget`]. Part of [`super`].
+//! a [`RedisTarget`], with the Redis option `--allow-eviction`. Part of [`super`].
 
 use std::sync::Arc;
 
@@ -28,6 +28,8 @@ pub struct RedisTarget {
     pub tls: Option<TlsFiles>,
     /// For `redis+sentinel://`: where to ask for the master's address.
     pub sentinel: Option<Sentinels>,
+    /// `--allow-eviction`: take the lock even where the server may evict it.
+    pub allow_eviction: bool,
 }
 
 impl Target for RedisTarget {
@@ -47,7 +49,8 @@ impl Target for RedisTarget {
     }
 }
 
-/// Checks a `redis://` or `rediss://` URL; the context's password wins over the URL's.
+/// Checks a `redis://` or `rediss://` URL; the context's password wins over the URL's,
+/// and `--allow-eviction` is taken from the context's options.
 pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, ConfigError> {
     let bad = || ConfigError::BadUrl {
         expected: KIND.usage,
@@ -73,6 +76,7 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, ConfigError
         info,
         tls,
         sentinel: None,
+        allow_eviction: ctx.args.allow_eviction,
     })
 }
 
@@ -104,6 +108,16 @@ mod tests {
                 expected: KIND.usage
             }
         );
+    }
+
+    #[test]
+    fn allow_eviction_is_carried_to_every_redis_target() {
+        let mut a = args(&[]);
+        assert!(!parse("redis://h:1", &ctx(&a, None)).unwrap().allow_eviction);
+        a.allow_eviction = true;
+        assert!(parse("redis://h:1", &ctx(&a, None)).unwrap().allow_eviction);
+        let sentinel = super::super::sentinel::parse("redis+sentinel://s:1/m", &ctx(&a, None));
+        assert!(sentinel.unwrap().allow_eviction);
     }
 
     #[test]
