@@ -24,15 +24,21 @@ local want = tonumber(wanted)
 -- a second holder gets in: refused, before anything is written, unless allowed. INFO
 -- is read here, in the same round trip; a server that will not let the script read it
 -- (an ACL without INFO) is told apart, and the lock is taken.
+-- (A field is found by a plain search for its line: a pattern search would cost more
+-- than INFO itself.)
+local function info_field(info, name)
+  local at = string.find(info, '\n' .. name .. ':', 1, true)
+  return at and string.match(info, '^[%w_%-]+', at + #name + 2)
+end
 local unchecked = nil
 if ARGV[8] ~= '1' then
   local info = redis.pcall('INFO', 'memory')
   if type(info) ~= 'string' then
     unchecked = tostring(type(info) == 'table' and info.err or info)
   else
-    local max = string.match(info, '\nmaxmemory:(%d+)')
-    local policy = string.match(info, '\nmaxmemory_policy:([%w_%-]+)')
-    if max == nil or policy == nil then
+    local max = info_field(info, 'maxmemory')
+    local policy = info_field(info, 'maxmemory_policy')
+    if not (max and string.match(max, '^%d+$') and policy) then
       unchecked = 'INFO memory shows no maxmemory or maxmemory_policy'
     elseif tonumber(max) ~= 0 and policy ~= 'noeviction' then
       return {3, policy, max}
