@@ -162,7 +162,8 @@ fn an_acl_user_without_the_needed_commands_fails_closed_and_says_so() {
     f.assert_failure(125);
     assert!(!s.exists("marker"), "the command ran without the lock");
     assert!(
-        f.stderr.contains("denied") || f.stderr.contains("NOPERM"),
+        f.stderr.contains("does not let user \"reader\" run EVAL")
+            && f.stderr.contains("ACL SETUSER reader +eval "),
         "{}",
         f.stderr
     );

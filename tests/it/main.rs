@@ -6,7 +6,9 @@
 //! - `lease`, `fencing`, `contention`: the lease, tokens and waiting, against Redis;
 //! - `conformance`: SPEC's contract, written once and run against every backend;
 //! - `redis_keys`, `redis_slots`, `redis_eviction`, `redlock`, `sentinel`, `postgres`,
-//!   `etcd`, `file_backend`, `auth`, `tls`: what only one backend has;
+//!   `etcd`, `file_backend`, `auth`, `tls`: what only one backend has; `redis_acl`,
+//!   `redis_errors`: the ACL rule the README states, and the line of each misconfigured
+//!   Redis connection;
 //! - `metrics`, `operations`: the metrics file and the logs;
 //! - `docs`: the README, man page and examples agree with the code;
 //! - `fuzz`: random command lines, URLs and durations: no panic, documented statuses,
@@ -27,6 +29,8 @@ mod lease;
 mod metrics;
 mod operations;
 mod postgres;
+mod redis_acl;
+mod redis_errors;
 mod redis_eviction;
 mod redis_keys;
 mod redis_slots;

@@ -180,16 +180,21 @@ fn a_user_without_info_still_runs_and_v_says_the_check_was_not_made() {
         &["on", ">pw", "~lockrun:*", "&lockrun:*", "+@all", "-info"],
     );
     let url = format!("redis://noinfo:pw@127.0.0.1:{}", redis.port());
-    let said = |f: &Finished| f.stderr.matches("did not let lockrun read INFO").count();
+    let said = |f: &Finished| {
+        f.stderr
+            .matches("run INFO in lockrun's acquire script")
+            .count()
+    };
     let f = assert_ran(&url, &["-v"], &[], "a user without INFO, -v");
     assert_eq!(said(&f), 1, "{}", f.stderr);
     let line = f
         .stderr
         .lines()
-        .find(|l| l.contains("read INFO"))
+        .find(|l| l.contains("run INFO"))
         .unwrap_or_default();
     assert!(
-        line.contains(&format!("127.0.0.1:{}", redis.port())) && line.contains("+info"),
+        line.contains(&format!("127.0.0.1:{}", redis.port()))
+            && line.contains("ACL SETUSER noinfo +info "),
         "{line}"
     );
     assert!(!line.contains(":pw@"), "{line}");

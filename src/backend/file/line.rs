@@ -279,21 +279,7 @@ mod tests {
     use super::*;
     use crate::backend::file::lock::{is_locked, try_lock, Kind};
 
-    fn open(path: &std::path::Path) -> LockFile {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .unwrap();
-        let id = {
-            use std::os::unix::fs::MetadataExt;
-            let m = file.metadata().unwrap();
-            (m.dev(), m.ino())
-        };
-        LockFile::new(file, id, false, path.display().to_string())
-    }
+    use crate::backend::file::lockfile::open_for_test as open;
 
     /// Waits (up to 10 s) until `line` is at the head.
     fn head(line: &mut Line) -> LockFile {

@@ -114,3 +114,19 @@ impl LockFile {
         BackendError::Unavailable(format!("cannot use the lock file {}: {e}", self.shown))
     }
 }
+
+/// Opens (creating it if missing) `path` as a lock file, for the unit tests of the
+/// modules that take one: no directory checks, the file's real identity.
+#[cfg(test)]
+pub(super) fn open_for_test(path: &std::path::Path) -> LockFile {
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .unwrap();
+    let m = file.metadata().unwrap();
+    LockFile::new(file, (m.dev(), m.ino()), false, path.display().to_string())
+}

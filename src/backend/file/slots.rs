@@ -292,16 +292,7 @@ mod tests {
     use super::*;
     use crate::backend::file::record::HolderLine;
 
-    fn open(path: &std::path::Path) -> LockFile {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .unwrap();
-        LockFile::new(file, (0, 0), false, path.display().to_string())
-    }
+    use crate::backend::file::lockfile::open_for_test as open;
 
     fn holder(slot: u32, hold_until_ms: u64) -> HolderLine {
         HolderLine {

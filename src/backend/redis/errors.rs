@@ -1,46 +1,121 @@
-//! Redis client errors translated into [`BackendError`]s: one line that says what
-//! happened and what to do, naming the server as `host:port` only (never the URL,
-//! which may hold a password). Part of [`super`].
+//! Redis client errors translated into [`BackendError`]s: one line that says what is
+//! wrong and what to set, naming the server as `host:port` only (never the URL, nor a
+//! password). Part of [`super`].
+//!
+//! What the line needs besides the error is in a [`Context`]: the ACL user, whether a
+//! password and which TLS files were given, the key prefix. The causes told apart:
+//!
+//! - no password where one is required (`NOAUTH`, or Redis 7's "Protocol error:
+//!   unauthenticated multibulk length" for a first command too large for a client not
+//!   yet authenticated): set one; a password refused (`WRONGPASS`, or the client's
+//!   "authentication failed", which has no detail): check it and the user;
+//! - a permission missing from the ACL user (`NOPERM`, or inside a script Redis 7.0's
+//!   "The user executing the script can't run this command ... on @user_script:LINE",
+//!   which names no command: the command is read off that line of the script lockrun
+//!   sent): the `ACL SETUSER` that grants it (see `acl.rs`);
+//! - TLS: the server's certificate not signed by the CA lockrun trusts (the line says
+//!   whether `LOCKRUN_TLS_CA` is set), made for another name, or expired; the server
+//!   refusing our client certificate, or asking for one that was not given; a port
+//!   that answers without TLS. rustls' error reaches us as text only (the I/O error
+//!   that carries it hides it from `source()`), so the text is matched;
+//! - the wrong scheme for the port: [`plain_port`] and [`tls_port`], which `conn.rs`
+//!   chooses after looking at the port (`probe.rs`).
 
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
+use super::acl;
+use super::scripts::Script;
+use super::target::RedisTarget;
+use crate::backend::tls::TlsFiles;
 use crate::backend::BackendError;
 
-/// Translates a client error from the server at `at` (`host:port`).
+/// What an error line needs to know about the connection, besides the error.
+#[derive(Clone, Copy)]
+pub struct Context<'a> {
+    /// The server, as `host:port`.
+    pub at: &'a str,
+    /// The ACL user of the URL (`None`: the `default` user).
+    pub user: Option<&'a str>,
+    /// Whether a password was given.
+    pub password: bool,
+    /// For `rediss://`: the TLS files given.
+    pub tls: Option<&'a TlsFiles>,
+    /// The key prefix, for the key and channel patterns of a missing permission.
+    pub key_prefix: &'a str,
+}
+
+impl<'a> Context<'a> {
+    /// The context of a connection to `target`, the server being `at`, its keys under
+    /// `key_prefix`.
+    pub fn new(target: &'a RedisTarget, at: &'a str, key_prefix: &'a str) -> Context<'a> {
+        let settings = target.info.redis_settings();
+        Context {
+            at,
+            user: settings.username(),
+            password: settings.password().is_some(),
+            tls: target.tls.as_ref(),
+            key_prefix,
+        }
+    }
+
+    /// The ACL user's name as `ACL SETUSER` takes it.
+    fn user_name(&self) -> &str {
+        self.user.unwrap_or("default")
+    }
+}
+
+/// Translates a client error from the server at `at` (`host:port`), knowing nothing
+/// else about the connection (a Sentinel's).
 pub fn describe(e: &RedisError, at: &str) -> BackendError {
-    let detail = e.detail().unwrap_or("").trim();
-    let refused = |what: &str| BackendError::Refused(format!("Redis at {at} {what}"));
-    let auth = || {
-        refused(&format!(
-            "refused authentication: check the password or user ({detail})"
-        ))
+    let ctx = Context {
+        at,
+        user: None,
+        password: false,
+        tls: None,
+        key_prefix: "",
     };
+    describe_in(e, &ctx, None)
+}
+
+/// Translates a client error on the connection `ctx` describes, from a call of
+/// `script` if it is one.
+pub fn describe_in(e: &RedisError, ctx: &Context<'_>, script: Option<Script>) -> BackendError {
+    let at = ctx.at;
+    let code = e.code().unwrap_or("");
+    let detail = e.detail().unwrap_or("").trim();
+    let refused = |what: String| BackendError::Refused(format!("Redis at {at} {what}"));
+    if let Some(denied) = denied(code, detail) {
+        return refused(denied_line(&denied, ctx, script, detail));
+    }
+    let no_password = code == "NOAUTH" || detail.contains("unauthenticated");
+    if no_password && !ctx.password {
+        return refused(
+            "requires a password and none was given: set LOCKRUN_PASSWORD or \
+             LOCKRUN_PASSWORD_FILE (--password-file), or put user:password@ in the URL"
+                .into(),
+        );
+    }
+    if no_password || code == "WRONGPASS" || e.kind() == ErrorKind::AuthenticationFailed {
+        return refused(format!(
+            "refused the password of user {:?} (a wrong password, or no such user, or the \
+             user is disabled): check the password (LOCKRUN_PASSWORD, --password-file or \
+             the URL) and the user (redis://USER:PASSWORD@HOST)",
+            ctx.user_name()
+        ));
+    }
     match e.kind() {
-        ErrorKind::AuthenticationFailed => auth(),
-        ErrorKind::Server(ServerErrorKind::NoPerm) => refused(&format!(
-            "denied a command to this user: grant it EVAL, PUBLISH and SUBSCRIBE ({detail})"
-        )),
         ErrorKind::Server(
             ServerErrorKind::BusyLoading
             | ServerErrorKind::TryAgain
             | ServerErrorKind::MasterDown
             | ServerErrorKind::ReadOnly
             | ServerErrorKind::ClusterDown,
-        ) => BackendError::Unavailable(format!(
-            "Redis at {at} is not ready: {}",
-            e.code().unwrap_or("error")
-        )),
-        ErrorKind::Server(_) if e.code() == Some("NOAUTH") || e.code() == Some("WRONGPASS") => {
-            auth()
-        }
+        ) => BackendError::Unavailable(format!("Redis at {at} is not ready: {code}")),
         ErrorKind::Server(_)
         | ErrorKind::Extension
         | ErrorKind::UnexpectedReturnType
-        | ErrorKind::Parse => refused(&format!(
-            "answered with an error: {} {detail}",
-            e.code().unwrap_or("")
-        )),
-        ErrorKind::InvalidClientConfig | ErrorKind::RESP3NotSupported => refused(&format!(
+        | ErrorKind::Parse => refused(format!("answered with an error: {code} {detail}")),
+        ErrorKind::InvalidClientConfig | ErrorKind::RESP3NotSupported => refused(format!(
             "cannot be used: {}",
             if e.kind() == ErrorKind::RESP3NotSupported {
                 "--wait needs Redis 6 or later"
@@ -48,12 +123,29 @@ pub fn describe(e: &RedisError, at: &str) -> BackendError {
                 "bad client configuration"
             }
         )),
-        _ if is_tls_trust_error(e) => refused(&format!(
-            "presented a certificate that is not trusted ({}): set LOCKRUN_TLS_CA to the CA that signed it",
-            io_reason(e)
-        )),
-        _ => BackendError::Unavailable(format!("cannot reach Redis at {at}: {}", io_reason(e))),
+        _ => match tls_line(e, ctx) {
+            Some(line) => refused(line),
+            None => {
+                BackendError::Unavailable(format!("cannot reach Redis at {at}: {}", io_reason(e)))
+            }
+        },
     }
+}
+
+/// The line for `rediss://` at a port that answers without TLS.
+pub fn plain_port(at: &str) -> BackendError {
+    BackendError::Refused(format!(
+        "Redis at {at} answers without TLS on that port: use redis:// for it, or rediss:// \
+         with the server's tls-port"
+    ))
+}
+
+/// The line for `redis://` at a port that speaks TLS.
+pub fn tls_port(at: &str) -> BackendError {
+    BackendError::Refused(format!(
+        "Redis at {at} speaks TLS on that port: use rediss:// (and LOCKRUN_TLS_CA for a \
+         private CA)"
+    ))
 }
 
 /// The operating-system reason of an I/O error, without addresses.
@@ -70,29 +162,343 @@ pub fn io_reason(e: &RedisError) -> String {
     }
 }
 
-/// True for a TLS handshake that failed on the server's certificate: retrying will
-/// not help, and never falls back to plain text.
-fn is_tls_trust_error(e: &RedisError) -> bool {
-    let text = format!("{e}").to_ascii_lowercase();
-    text.contains("certificate") || text.contains("unknownissuer")
+/// A permission the ACL user lacks.
+#[derive(Debug, PartialEq, Eq)]
+enum Denied {
+    /// A command: named (lower case, as Redis names it), or to be read off the script.
+    Command(Option<String>),
+    /// One of the keys.
+    Key,
+    /// One of the wake-up channels.
+    Channel,
+}
+
+/// The permission an error says is missing, if it says so. The wording differs
+/// between Redis 6/7.0 and 7.2+ (and Valkey); quoted names (keys, channels) are left
+/// out before the words are looked at, since a lock name may hold any of them.
+fn denied(code: &str, detail: &str) -> Option<Denied> {
+    let lower = detail.to_ascii_lowercase();
+    let acl = code == "NOPERM"
+        || lower.contains("user executing the script")
+        || lower.contains("acl failure");
+    if !acl {
+        return None;
+    }
+    if let Some(name) = quoted_after(&lower, "to run the '") {
+        return Some(Denied::Command(Some(name.to_owned())));
+    }
+    let bare = unquoted(&lower);
+    if bare.contains("run this command") {
+        Some(Denied::Command(None))
+    } else if bare.contains("channel") {
+        Some(Denied::Channel)
+    } else if bare.contains("key") {
+        Some(Denied::Key)
+    } else {
+        Some(Denied::Command(None))
+    }
+}
+
+/// The text after `opening` up to the next `'`.
+fn quoted_after<'t>(text: &'t str, opening: &str) -> Option<&'t str> {
+    let rest = &text[text.find(opening)? + opening.len()..];
+    rest.find('\'').map(|end| &rest[..end])
+}
+
+/// `text` without what stands between single quotes.
+fn unquoted(text: &str) -> String {
+    text.split('\'').step_by(2).collect::<Vec<_>>().join("")
+}
+
+/// The number N of `@user_script:N` in a script error.
+fn script_line(detail: &str) -> Option<usize> {
+    let rest = &detail[detail.find("@user_script:")? + "@user_script:".len()..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// The command called on line `line` (from 1) of `src`, upper case: `redis.call('X'`
+/// or `redis.pcall('X'` on that line, or on one of the two before it (a call is
+/// reported at the line it starts on, but a long one may wrap).
+fn command_on_line(src: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = src.lines().collect();
+    (line.saturating_sub(2)..=line)
+        .rev()
+        .filter(|&n| n >= 1)
+        .filter_map(|n| lines.get(n - 1))
+        .find_map(|l| {
+            ["redis.call('", "redis.pcall('"]
+                .iter()
+                .find_map(|opening| quoted_after(l, opening))
+        })
+        .map(str::to_ascii_uppercase)
+}
+
+/// The line for a missing permission: what the user may not do, and the `ACL SETUSER`
+/// that grants it.
+fn denied_line(denied: &Denied, ctx: &Context<'_>, script: Option<Script>, detail: &str) -> String {
+    let user = ctx.user_name();
+    let in_script = detail.to_ascii_lowercase().contains("script");
+    let inside = match script {
+        Some(s) if in_script => format!(" (inside lockrun's {} script)", s.name()),
+        _ => String::new(),
+    };
+    let readme = "README, \"Redis keys\", gives the whole rule";
+    match denied {
+        Denied::Command(named) => {
+            let name = named.as_ref().map(|n| n.to_ascii_uppercase()).or_else(|| {
+                let s = script?;
+                command_on_line(s.source(), script_line(detail)?)
+            });
+            match name {
+                Some(name) => {
+                    let why = if name == "SUBSCRIBE" {
+                        ", needed by --wait"
+                    } else {
+                        ""
+                    };
+                    format!(
+                        "does not let user {user:?} run {name}{inside}{why}: grant it with \
+                         ACL SETUSER {user} +{} ({readme})",
+                        name.to_ascii_lowercase()
+                    )
+                }
+                None => format!(
+                    "does not let user {user:?} run a command lockrun needs{inside}: grant \
+                     them all with ACL SETUSER {user} {} ({readme})",
+                    acl::permissions(ctx.key_prefix)
+                ),
+            }
+        }
+        Denied::Key => format!(
+            "does not let user {user:?} use lockrun's keys (under {:?}){inside}: grant them \
+             with ACL SETUSER {user} {} ({readme})",
+            ctx.key_prefix,
+            acl::key_pattern(ctx.key_prefix)
+        ),
+        Denied::Channel => format!(
+            "does not let user {user:?} use lockrun's wake-up channels (under {:?}){inside}: \
+             grant them with ACL SETUSER {user} {} ({readme})",
+            ctx.key_prefix,
+            acl::channel_pattern(ctx.key_prefix)
+        ),
+    }
+}
+
+/// The line for a failed TLS handshake, if `e` is one.
+fn tls_line(e: &RedisError, ctx: &Context<'_>) -> Option<String> {
+    let text = e.to_string();
+    let ca_set = ctx.tls.is_some_and(|t| t.ca.is_some());
+    let cert_set = ctx.tls.is_some_and(|t| t.client.is_some());
+    if let Some(alert) = text.split("received fatal alert: ").nth(1).map(|rest| {
+        rest.split(|c: char| !c.is_ascii_alphanumeric())
+            .next()
+            .unwrap_or("")
+    }) {
+        // The server ended the handshake: about our certificate, or lack of one (TLS
+        // 1.2 servers say HandshakeFailure when none was sent).
+        let about_ours = alert.contains("Certificate")
+            || matches!(alert, "UnknownCA" | "AccessDenied" | "DecryptError")
+            || (alert == "HandshakeFailure" && !cert_set);
+        return Some(if about_ours && !cert_set {
+            "demands a client certificate: set LOCKRUN_TLS_CERT and LOCKRUN_TLS_KEY to one \
+             signed by a CA the server trusts (its tls-ca-cert-file)"
+                .into()
+        } else if about_ours {
+            format!(
+                "did not accept the client certificate of LOCKRUN_TLS_CERT ({alert}): use one \
+                 signed by a CA the server trusts (its tls-ca-cert-file)"
+            )
+        } else {
+            format!(
+                "refused the TLS handshake ({alert}): check the server's TLS settings \
+                 (tls-protocols, tls-ciphers)"
+            )
+        });
+    }
+    if let Some(rest) = text.split("invalid peer certificate: ").nth(1) {
+        let rest = rest.to_ascii_lowercase().replace(' ', "");
+        return Some(if rest.contains("notvalidforname") {
+            "presented a certificate made for another name: connect by a name (or address) \
+             the certificate holds"
+                .into()
+        } else if rest.contains("expired") || rest.contains("notvalidyet") {
+            "presented a certificate that has expired or is not valid yet: renew it (or set \
+             this machine's clock)"
+                .into()
+        } else if ca_set {
+            "presented a certificate that the CA in LOCKRUN_TLS_CA did not sign: point \
+             LOCKRUN_TLS_CA at the CA that signed the server's certificate (its tls-cert-file)"
+                .into()
+        } else {
+            "presented a certificate that no CA of this system signed: set LOCKRUN_TLS_CA \
+             to the CA that signed it"
+                .into()
+        });
+    }
+    if text.contains("corrupt message") || text.contains("InvalidContentType") {
+        return Some(
+            "answers without TLS on that port: use redis:// for it, or rediss:// with the \
+             server's tls-port"
+                .into(),
+        );
+    }
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn ctx(user: Option<&'static str>, password: bool) -> Context<'static> {
+        Context {
+            at: "h:1",
+            user,
+            password,
+            tls: None,
+            key_prefix: "lockrun:",
+        }
+    }
+
+    /// The error of a server that answered `-CODE detail`.
+    fn server(code: &'static str, detail: &str) -> RedisError {
+        let reply = format!("-{code} {detail}\r\n");
+        let value = redis::parse_redis_value(reply.as_bytes()).unwrap();
+        value.extract_error().unwrap_err()
+    }
+
+    fn line(e: &RedisError, ctx: &Context<'_>, script: Option<Script>) -> String {
+        match describe_in(e, ctx, script) {
+            BackendError::Refused(m) => m,
+            other => panic!("not a refusal: {other:?}"),
+        }
+    }
+
     #[test]
     fn authentication_and_permission_errors_are_refusals() {
         let e = RedisError::from((ErrorKind::AuthenticationFailed, "auth", "bad".to_owned()));
-        let d = describe(&e, "h:1");
+        let d = line(&e, &ctx(None, true), None);
         assert!(
-            matches!(&d, BackendError::Refused(m) if m.starts_with("Redis at h:1 refused authentication")),
+            d.starts_with("Redis at h:1 refused the password of user \"default\""),
             "{d}"
         );
+        assert!(!d.contains("()"), "{d}");
         let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert_eq!(
             describe(&io, "h:1"),
             BackendError::Unavailable("cannot reach Redis at h:1: connection refused".into())
         );
+    }
+
+    #[test]
+    fn a_missing_password_says_to_set_one() {
+        for e in [
+            server("ERR", "Protocol error: unauthenticated multibulk length"),
+            server("NOAUTH", "Authentication required."),
+            server(
+                "NOAUTH",
+                "HELLO must be called with the client already authenticated",
+            ),
+        ] {
+            let d = line(&e, &ctx(None, false), None);
+            assert!(
+                d.contains("requires a password") && d.contains("LOCKRUN_PASSWORD"),
+                "{d}"
+            );
+        }
+        let e = server(
+            "WRONGPASS",
+            "invalid username-password pair or user is disabled.",
+        );
+        let d = line(&e, &ctx(Some("app"), true), None);
+        assert!(d.contains("refused the password of user \"app\""), "{d}");
+    }
+
+    #[test]
+    fn a_command_denied_inside_a_script_is_named_from_its_line() {
+        let src = Script::Acquire.source();
+        let n = src
+            .lines()
+            .position(|l| l.contains("redis.call('PTTL'"))
+            .unwrap()
+            + 1;
+        let e = server(
+            "ERR",
+            &format!(
+                "The user executing the script can't run this command or subcommand script: \
+                 43761249a5e42637f9639eea2ce4f422c1a8fcd1, on @user_script:{n}."
+            ),
+        );
+        let d = line(&e, &ctx(Some("locker"), true), Some(Script::Acquire));
+        assert_eq!(
+            d,
+            "Redis at h:1 does not let user \"locker\" run PTTL (inside lockrun's acquire \
+             script): grant it with ACL SETUSER locker +pttl (README, \"Redis keys\", gives \
+             the whole rule)"
+        );
+    }
+
+    #[test]
+    fn every_wording_of_a_denial_is_understood() {
+        let cases = [
+            // Redis 6.2 / 7.0, outside a script.
+            ("NOPERM", "this user has no permissions to run the 'subscribe' command", "run SUBSCRIBE"),
+            ("NOPERM", "this user has no permissions to run the 'eval' command", "+eval"),
+            ("NOPERM", "this user has no permissions to access one of the keys used as arguments", "~lockrun:*"),
+            ("NOPERM", "this user has no permissions to access one of the channels used as arguments", "&lockrun:*"),
+            // Redis 7.0, inside a script.
+            ("ERR", "The user executing the script can't access at least one of the keys mentioned in the command arguments script: 3b0b, on @user_script:1.", "~lockrun:*"),
+            ("ERR", "The user executing the script can't publish to the channel mentioned in the command script: 3b0b, on @user_script:1.", "&lockrun:*"),
+            // Redis 7.2+ and Valkey.
+            ("NOPERM", "User locker has no permissions to run the 'pttl' command", "+pttl"),
+            ("ERR", "ACL failure in script: User locker has no permissions to run the 'hset' command script: 3b0b, on @user_script:9.", "+hset"),
+            ("ERR", "ACL failure in script: No permissions to access a key script: 3b0b, on @user_script:9.", "~lockrun:*"),
+            ("NOPERM", "No permissions to access the 'channel-key' channel", "&lockrun:*"),
+            ("NOPERM", "No permissions to access the 'a-channel' key", "~lockrun:*"),
+        ];
+        for (code, detail, wanted) in cases {
+            let d = line(
+                &server(code, detail),
+                &ctx(Some("locker"), true),
+                Some(Script::Acquire),
+            );
+            assert!(d.contains(wanted), "{detail:?} gave {d:?}");
+            assert!(d.contains("ACL SETUSER locker"), "{d}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_line_grants_the_whole_rule() {
+        let e = server(
+            "ERR",
+            "The user executing the script can't run this command or subcommand script: x, on @user_script:9999.",
+        );
+        let d = line(&e, &ctx(None, false), Some(Script::Release));
+        assert!(d.contains("inside lockrun's release script"), "{d}");
+        assert!(d.contains(&acl::permissions("lockrun:")), "{d}");
+        assert!(d.contains("ACL SETUSER default "), "{d}");
+    }
+
+    #[test]
+    fn other_errors_stay_as_they_were() {
+        let e = server("ERR", "lockrun: ttl_ms must be a whole number");
+        let d = line(&e, &ctx(None, false), Some(Script::Acquire));
+        assert!(
+            d.contains("answered with an error: ERR lockrun: ttl_ms"),
+            "{d}"
+        );
+        let e = server("LOADING", "Redis is loading the dataset in memory");
+        assert!(describe(&e, "h:1").is_transient());
+    }
+
+    #[test]
+    fn command_lines_are_found_on_the_line_or_just_above() {
+        let src = "local a = 1\nlocal x = redis.call('HSET', k,\n  'f', v)\nreturn x\n";
+        assert_eq!(command_on_line(src, 2).as_deref(), Some("HSET"));
+        assert_eq!(command_on_line(src, 3).as_deref(), Some("HSET"));
+        assert_eq!(command_on_line(src, 1), None);
+        assert_eq!(command_on_line(src, 0), None);
+        assert_eq!(script_line("x, on @user_script:12."), Some(12));
+        assert_eq!(script_line("no line"), None);
     }
 }

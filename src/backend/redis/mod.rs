@@ -1,5 +1,6 @@
 //! The Redis backend: one server (`redis://`, `rediss://`, or Valkey), or the master
-//! behind Sentinel (`redis+sentinel://`); [`redlock`] builds a quorum of these.
+//! behind Sentinel (`redis+sentinel://`, `rediss+sentinel://`; with the Sentinels' own
+//! password and TLS, see [`sentinel`]); [`redlock`] builds a quorum of these.
 //!
 //! Keys of lock `NAME` under prefix `P` all carry the `{NAME}` hash tag (see
 //! `scripts::Keys`): the lock hash with the lease as its PX expiry, the fencing
@@ -42,11 +43,15 @@
 //! after any error or abandoned call (the caller's timeout), made anew next time.
 //!
 //! Files: `target.rs` (the URL), `sentinel.rs` (Sentinel URLs and master lookup),
-//! `conn.rs` (connecting), `errors.rs` (error lines), `scripts.rs` + `scripts/*.lua`,
-//! `replies.rs` (their answers), `redlock.rs` + `redlock/votes.rs` (the quorum).
+//! `conn.rs` (connecting), `probe.rs` (which scheme a port speaks, when connecting
+//! fails), `errors.rs` (error lines), `acl.rs` (the least-privilege ACL rule, which a
+//! denied command's error line quotes), `scripts.rs` + `scripts/*.lua`, `replies.rs`
+//! (their answers), `redlock.rs` + `redlock/votes.rs` (the quorum).
 
+pub mod acl;
 mod conn;
 mod errors;
+mod probe;
 pub mod redlock;
 mod replies;
 mod scripts;
@@ -123,6 +128,11 @@ impl RedisBackend {
         &self.display
     }
 
+    /// What error lines need to know about this backend's connection.
+    fn context(&self) -> errors::Context<'_> {
+        errors::Context::new(&self.target, &self.display, &self.key_prefix)
+    }
+
     /// The connection for one call, made if needed.
     async fn conn(&self) -> Result<InUse<'_, RedisConn>, BackendError> {
         self.connection
@@ -151,7 +161,14 @@ impl RedisBackend {
             .arg(args)
             .query_async::<Value>(&mut conn)
             .await;
-        let value = c.settle(reply.map_err(|e| errors::describe(&e, &self.display)))?;
+        let reply = match reply {
+            Ok(value) => {
+                c.answered();
+                Ok(value)
+            }
+            Err(e) => Err(c.explain(&e, &self.context(), Some(script)).await),
+        };
+        let value = c.settle(reply)?;
         replies::parse(script, value).map_err(|bad| {
             BackendError::Refused(format!("Redis at {} gave {}", self.display, bad.0))
         })
@@ -185,7 +202,11 @@ impl RedisBackend {
                 crate::log::emit(
                     crate::log::Level::Info,
                     crate::log::Event::EvictionUnchecked,
-                    &unchecked_line(&self.display, &why),
+                    &unchecked_line(
+                        &self.display,
+                        self.target.info.redis_settings().username(),
+                        &why,
+                    ),
                     &[],
                 );
             }
@@ -229,11 +250,14 @@ impl RedisBackend {
             self.waiter_id
         );
         let mut conn = c.conn.clone();
-        let reply = conn.subscribe(&channel).await;
-        if reply.is_ok() {
-            c.pushes.set_subscribed();
-        }
-        c.settle(reply.map_err(|e| errors::describe(&e, &self.display)))
+        let reply = match conn.subscribe(&channel).await {
+            Ok(()) => {
+                c.pushes.set_subscribed();
+                Ok(())
+            }
+            Err(e) => Err(c.explain(&e, &self.context(), None).await),
+        };
+        c.settle(reply)
     }
 
     /// Extends the lease of `token` in slot `taken` (every slot looked in if unknown).
@@ -305,11 +329,13 @@ fn evicting(at: &str, policy: &str, maxmemory: u64) -> BackendError {
 }
 
 /// The `-v` line when the server at `at` would not let the acquire script read INFO
-/// (`why`, the server's error).
-fn unchecked_line(at: &str, why: &str) -> String {
+/// (`why`, the server's error) as `user` (`None`: the default user).
+fn unchecked_line(at: &str, user: Option<&str>, why: &str) -> String {
+    let user = user.unwrap_or("default");
     format!(
-        "Redis at {at} did not let lockrun read INFO ({}), so whether it may evict the \
-         lock was not checked: grant +info to this user to have it checked",
+        "Redis at {at} did not let user {user:?} run INFO in lockrun's acquire script ({}), \
+         so whether the server may evict the lock was not checked: grant it with ACL \
+         SETUSER {user} +info (README, \"Redis keys\", gives the whole rule)",
         why.trim()
     )
 }
@@ -465,10 +491,14 @@ mod tests {
             assert!(line.contains(part), "{part} missing: {line}");
         }
         assert!(!line.contains('\n') && !line.contains("  "), "{line}");
-        let v = unchecked_line("h:1", " ERR can't run this command\n");
+        let v = unchecked_line("h:1", Some("locker"), " ERR can't run this command\n");
         assert!(
-            v.contains("INFO") && v.contains("+info") && v.contains("(ERR can't run this command)")
+            v.contains("user \"locker\" run INFO")
+                && v.contains("ACL SETUSER locker +info ")
+                && v.contains("(ERR can't run this command)"),
+            "{v}"
         );
+        assert!(unchecked_line("h:1", None, "x").contains("ACL SETUSER default +info"));
         assert!(!v.contains('\n') && !v.contains("  "), "{v}");
     }
 

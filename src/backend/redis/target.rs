@@ -24,9 +24,10 @@ pub struct RedisTarget {
     /// Address, database, user and password (the password is redacted in `Debug`).
     /// Behind Sentinel, the address is a placeholder: the master's is asked for.
     pub info: redis::ConnectionInfo,
-    /// TLS material, for `rediss://` only.
+    /// TLS material, for `rediss://` and `rediss+sentinel://` only.
     pub tls: Option<TlsFiles>,
-    /// For `redis+sentinel://`: where to ask for the master's address.
+    /// For `redis+sentinel://` and `rediss+sentinel://`: where to ask for the master's
+    /// address, and with what credentials.
     pub sentinel: Option<Sentinels>,
     /// `--allow-eviction`: take the lock even where the server may evict it.
     pub allow_eviction: bool,

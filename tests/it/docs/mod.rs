@@ -7,10 +7,12 @@
 //!   the Kubernetes CronJob and the systemd unit parses with the current options;
 //! - `fencing`: the fencing examples (`packaging/examples/`) run under lockrun against a
 //!   real Redis and the machine's PostgreSQL, and refuse a stale token; the README shows
-//!   them as they are.
+//!   them as they are;
+//! - `acl`: the README and the man page state the Redis ACL rule as the code has it.
 //!
 //! Depends on the library's `cli`, `config` and `outcome` modules.
 
+mod acl;
 mod examples;
 mod fencing;
 

@@ -47,7 +47,7 @@ pub use process::*;
 pub use proxy::{Mode, Proxy, Watch, Watcher};
 pub use redis::{fence_key, limit_key, lock_key, slot_key, waiter_key, RedisServer};
 pub use scratch::{wait_line, wait_pid, Scratch};
-pub use sentinel::Sentinel;
+pub use sentinel::{Security, Sentinel};
 pub use serial::alone;
 pub use tls::TlsFiles;
 pub use zookeeper::{ZkEnsemble, ZkServer};

@@ -79,6 +79,16 @@ impl RedisServer {
         })
     }
 
+    /// Starts a server that requires `password`, with extra command line arguments; a
+    /// [`RedisServer::restart`] keeps both.
+    pub fn with_password_and_args(password: &str, args: &[String]) -> Self {
+        Self::start_with(Setup {
+            password: Some(password.to_string()),
+            args: args.to_vec(),
+            ..Setup::default()
+        })
+    }
+
     fn start_with(setup: Setup) -> Self {
         serial::side_by_side();
         let dir = tempfile::Builder::new()

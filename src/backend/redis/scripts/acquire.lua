@@ -84,11 +84,14 @@ if free == nil then
     -- Join (or stay in) the queue of waiters, and say this waiter is alive (and not
     -- woken: a wake-up goes to it again). Each key gets its expiry right after its
     -- write, so a failing later step (a key of the wrong type, written by hand) cannot
-    -- leave one without.
+    -- leave one without. The first PEXPIRE, before any write, fails for a user denied
+    -- it (an ACL short of lockrun's rule) while nothing is written yet; so does the
+    -- HDEL, before the HSET of the same hash.
+    redis.call('PEXPIRE', KEYS[2], ARGV[6] * 2)
     redis.call('ZADD', KEYS[2], 'NX', now_us, ARGV[5])
     redis.call('PEXPIRE', KEYS[2], ARGV[6] * 2)
-    redis.call('HSET', KEYS[3], ARGV[5], string.format('%.0f', math.floor(now_us / 1000) + tonumber(ARGV[6])))
     redis.call('HDEL', KEYS[3], 'w:' .. ARGV[5])
+    redis.call('HSET', KEYS[3], ARGV[5], string.format('%.0f', math.floor(now_us / 1000) + tonumber(ARGV[6])))
     redis.call('PEXPIRE', KEYS[3], ARGV[6] * 2)
   end
   local slot, pttl = nil, nil
@@ -114,10 +117,13 @@ if ARGV[5] ~= '' then
 end
 -- Each write carries its expiry in the same command, or is followed at once by it:
 -- the counter is SET with PX, and the slot's hash did not exist (PTTL -2), so neither
--- HSET nor the PEXPIRE with its checked argument can fail in between. A plain lock's
--- hash has exactly the fields it had before semaphores.
-redis.call('SET', KEYS[1], fs, 'PX', FENCE_KEEP_MS)
+-- HSET nor the PEXPIRE with its checked argument can fail in between. Nor can an ACL
+-- that denies PEXPIRE make it fail there: the PEXPIRE of the key, which does not
+-- exist yet, changes nothing but fails first. A plain lock's hash has exactly the
+-- fields it had before semaphores.
 local key = KEYS[5 + free]
+redis.call('PEXPIRE', key, ARGV[2])
+redis.call('SET', KEYS[1], fs, 'PX', FENCE_KEEP_MS)
 local since = string.format('%.0f', math.floor(now_us / 1000))
 if n == 1 then
   redis.call('HSET', key, 'token', ARGV[1], 'fence', fs, 'host', ARGV[3], 'pid', ARGV[4],
