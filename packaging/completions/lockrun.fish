@@ -46,6 +46,7 @@ complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l kill-signal -d '
 complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l kill-after -d 'Escalate to SIGKILL this long after the kill signal, or at the lease deadline, whichever comes first. At most 24h' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l max-runtime -d 'Stop the command (kill signal, then SIGKILL after --kill-after) once it has run this long (0: no limit), at most 365d' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l metrics-file -d 'After every run (ran, busy, lost or failed), atomically replace this file with Prometheus text-format gauges for node_exporter\'s textfile collector (use one file per lock, named *.prom)' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l allow-eviction -d 'Redis only: take the lock even on a server that may evict it (maxmemory set and a maxmemory-policy other than noeviction), which is otherwise refused (125). An evicted lock lets a second holder in; fencing tokens still tell them apart'
 complete -c lockrun -n "__fish_lockrun_using_subcommand run" -s q -l quiet -d 'Quieter: only errors'
 complete -c lockrun -n "__fish_lockrun_using_subcommand run" -s v -l verbose -d 'Louder: -v for each step of the run, -vv for every renewal'
 complete -c lockrun -n "__fish_lockrun_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -56,6 +57,7 @@ complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l slots -d 'A s
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l pg-table -d 'PostgreSQL only: the lease table (TABLE or SCHEMA.TABLE), created if missing' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l log-format -d 'Log format on stderr' -r -f -a "text\t'`lockrun: <message>`'
 json\t'One JSON object a line with `ts` (RFC 3339, microseconds), `level`, `event`, `lock`, `msg` and fields'"
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l allow-eviction -d 'Redis only: take the lock even on a server that may evict it (maxmemory set and a maxmemory-policy other than noeviction), which is otherwise refused (125). An evicted lock lets a second holder in; fencing tokens still tell them apart'
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s q -l quiet -d 'Quieter: only errors'
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s v -l verbose -d 'Louder: -v for each step of the run, -vv for every renewal'
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l json -d 'Print one JSON object instead of a sentence'
@@ -67,6 +69,7 @@ complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l slots -d 'A 
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l pg-table -d 'PostgreSQL only: the lease table (TABLE or SCHEMA.TABLE), created if missing' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l log-format -d 'Log format on stderr' -r -f -a "text\t'`lockrun: <message>`'
 json\t'One JSON object a line with `ts` (RFC 3339, microseconds), `level`, `event`, `lock`, `msg` and fields'"
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l allow-eviction -d 'Redis only: take the lock even on a server that may evict it (maxmemory set and a maxmemory-policy other than noeviction), which is otherwise refused (125). An evicted lock lets a second holder in; fencing tokens still tell them apart'
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s q -l quiet -d 'Quieter: only errors'
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s v -l verbose -d 'Louder: -v for each step of the run, -vv for every renewal'
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l force -d 'Confirm that the lock is to be broken whoever holds it. The holder\'s command keeps running until its lockrun notices the loss (at its next renewal)'

@@ -32,6 +32,15 @@
 //! EVAL: one round trip, and nothing to reload after a server restart. Renew and
 //! release compare the stored token with ours before touching the key.
 //!
+//! Eviction (issue 12): a server with `maxmemory` set and a `maxmemory-policy` other
+//! than `noeviction` may evict a held lock (the `volatile-*` policies too: it has an
+//! expiry), and a second holder would get in. The acquire script reads `INFO memory`
+//! itself, so every acquisition (on a single server, a Sentinel master, each Redlock
+//! node) checks the server as it is now at no extra round trip, and refuses before
+//! writing anything unless `--allow-eviction` (the line: `evicting`). Where the server
+//! will not let the script read INFO (an ACL without it), the lock is taken and `-v`
+//! says so, once a run and server.
+//!
 //! The connection lives in a [`crate::backend::conn::Slot`]: made lazily, dropped
 //! after any error or abandoned call (the caller's timeout), made anew next time.
 //!
@@ -53,6 +62,7 @@ mod scripts;
 pub mod sentinel;
 mod target;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -64,7 +74,7 @@ use crate::backend::{
 };
 use crate::config::BackendConfig;
 use conn::{RedisConn, RedisSlot};
-use replies::{AcquireReply, Done, HoldersReply};
+use replies::{AcquireReply, Checked, Done, HoldersReply};
 use scripts::{Keys, Script};
 pub use scripts::{FENCE_KEEP, MAX_LEASE};
 pub use target::{RedisTarget, KIND};
@@ -98,6 +108,8 @@ pub struct RedisBackend {
     /// The token and slot of our last acquisition, for renewals to go to that slot
     /// only. Held for no await.
     taken: Mutex<Option<(String, u32)>>,
+    /// Set once `-v` was told that this server would not let the eviction check run.
+    told_unchecked: AtomicBool,
 }
 
 impl RedisBackend {
@@ -114,6 +126,7 @@ impl RedisBackend {
             notifications,
             waiter_id: crate::token::random_hex(8),
             taken: Mutex::new(None),
+            told_unchecked: AtomicBool::new(false),
         }
     }
 
@@ -173,8 +186,24 @@ impl RedisBackend {
             waiter_id,
             &ms(WAITER_ALIVE),
             &wanted,
+            if self.target.allow_eviction { "1" } else { "" },
         ];
-        self.eval(Script::Acquire, name, None, &args).await
+        let Checked { reply, unchecked } = self.eval(Script::Acquire, name, None, &args).await?;
+        if let Some(why) = unchecked {
+            if !self.told_unchecked.swap(true, Ordering::Relaxed) {
+                crate::log::emit(
+                    crate::log::Level::Info,
+                    crate::log::Event::EvictionUnchecked,
+                    &unchecked_line(
+                        &self.display,
+                        self.target.info.redis_settings().username(),
+                        &why,
+                    ),
+                    &[],
+                );
+            }
+        }
+        Ok(reply)
     }
 
     /// Tries once to take the lowest free slot of `name` (or slot `wanted`: Redlock's
@@ -254,6 +283,11 @@ impl RedisBackend {
         slots_conflict(theirs, self.slots)
     }
 
+    /// The refusal of this server, which may evict the lock.
+    pub fn evicting(&self, policy: &str, maxmemory: u64) -> BackendError {
+        evicting(&self.display, policy, maxmemory)
+    }
+
     /// Raises this server's fencing counter for `name` to at least `fence`, and records
     /// `fence` on slot `slot` if `token` holds it (Redlock's write-back).
     pub async fn raise_fence(
@@ -273,6 +307,29 @@ impl RedisBackend {
             .await?;
         Ok(())
     }
+}
+
+/// The refusal of the server at `at`, whose `maxmemory` is set and whose `policy`
+/// may evict the lock: one line with the two ways out.
+fn evicting(at: &str, policy: &str, maxmemory: u64) -> BackendError {
+    BackendError::Refused(format!(
+        "Redis at {at} may evict the lock (maxmemory-policy {policy}, maxmemory {maxmemory} \
+         bytes), letting a second holder in: set maxmemory-policy noeviction on it, or \
+         accept the risk, which fencing tokens still bound, with --allow-eviction \
+         (LOCKRUN_ALLOW_EVICTION=1)"
+    ))
+}
+
+/// The `-v` line when the server at `at` would not let the acquire script read INFO
+/// (`why`, the server's error) as `user` (`None`: the default user).
+fn unchecked_line(at: &str, user: Option<&str>, why: &str) -> String {
+    let user = user.unwrap_or("default");
+    format!(
+        "Redis at {at} did not let user {user:?} run INFO in lockrun's acquire script ({}), \
+         so whether the server may evict the lock was not checked: grant it with ACL \
+         SETUSER {user} +info (README, \"Redis keys\", gives the whole rule)",
+        why.trim()
+    )
 }
 
 fn ms(d: Duration) -> String {
@@ -316,6 +373,7 @@ impl Backend for RedisBackend {
             }
             AcquireReply::Busy(holder) => Ok(Acquire::Busy(holder)),
             AcquireReply::Conflict(theirs) => Err(self.conflict(theirs)),
+            AcquireReply::Evicting { policy, maxmemory } => Err(self.evicting(&policy, maxmemory)),
         }
     }
 
@@ -405,6 +463,35 @@ mod tests {
             },
             token: "t".into(),
         }
+    }
+
+    #[test]
+    fn the_eviction_lines_name_the_policy_and_both_ways_out() {
+        let e = evicting("h:1", "volatile-lru", 10_485_760);
+        let BackendError::Refused(line) = &e else {
+            panic!("{e:?} is not a refusal (exit 125)")
+        };
+        for part in [
+            "Redis at h:1",
+            "volatile-lru",
+            "10485760",
+            "noeviction",
+            "--allow-eviction",
+            "LOCKRUN_ALLOW_EVICTION=1",
+            "fencing",
+        ] {
+            assert!(line.contains(part), "{part} missing: {line}");
+        }
+        assert!(!line.contains('\n') && !line.contains("  "), "{line}");
+        let v = unchecked_line("h:1", Some("locker"), " ERR can't run this command\n");
+        assert!(
+            v.contains("user \"locker\" run INFO")
+                && v.contains("ACL SETUSER locker +info ")
+                && v.contains("(ERR can't run this command)"),
+            "{v}"
+        );
+        assert!(unchecked_line("h:1", None, "x").contains("ACL SETUSER default +info"));
+        assert!(!v.contains('\n') && !v.contains("  "), "{v}");
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! `redis://[user:password@]host:port[/db]` and `rediss://` (TLS): the URL checked into
-//! a [`RedisTarget`]; also `redis+cluster://[user:password@]host:port[,host:port...]`
-//! (and `rediss+cluster://`), several seed nodes of one Redis Cluster. A `redis://` URL
-//! may name a Cluster node too: both follow the Cluster's redirections (see
-//! `cluster.rs`); a Redlock node or a Sentinel master never does. Part of [`super`].
+//! a [`RedisTarget`], with the Redis option `--allow-eviction`; also
+//! `redis+cluster://[user:password@]host:port[,host:port...]` (and `rediss+cluster://`),
+//! several seed nodes of one Redis Cluster. A `redis://` URL may name a Cluster node
+//! too: both follow the Cluster's redirections (see `cluster.rs`); a Redlock node or a
+//! Sentinel master never does. Part of [`super`].
 
 use std::sync::Arc;
 
@@ -47,6 +48,8 @@ pub struct RedisTarget {
     /// For `redis+sentinel://` and `rediss+sentinel://`: where to ask for the master's
     /// address, and with what credentials.
     pub sentinel: Option<Sentinels>,
+    /// `--allow-eviction`: take the lock even where the server may evict it.
+    pub allow_eviction: bool,
     /// The seed nodes of a Redis Cluster: the backend follows the Cluster's
     /// redirections, starting from them. None for a server that must never redirect
     /// (a Redlock node, a Sentinel master): there a redirection is refused.
@@ -152,8 +155,9 @@ fn node_of(addr: &redis::ConnectionAddr) -> Option<Node> {
     }
 }
 
-/// Checks a `redis://` or `rediss://` URL; the context's password wins over the URL's.
-/// The target follows no redirection ([`parse_following`] makes one that does).
+/// Checks a `redis://` or `rediss://` URL; the context's password wins over the URL's,
+/// and `--allow-eviction` is taken from the context's options. The target follows no
+/// redirection ([`parse_following`] makes one that does).
 pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, ConfigError> {
     let bad = || ConfigError::BadUrl {
         expected: KIND.usage,
@@ -180,6 +184,7 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, ConfigError
         tls,
         sentinel: None,
         cluster: None,
+        allow_eviction: ctx.args.allow_eviction,
     })
 }
 
@@ -264,6 +269,16 @@ mod tests {
         let given = ["redis+cluster://h1:1,h2:2,h3:3".to_owned()];
         let t = crate::backend::parse_urls(&given, &ctx(&a, None)).unwrap();
         assert_eq!(t.display(), "cluster h1:1,h2:2,h3:3");
+    }
+
+    #[test]
+    fn allow_eviction_is_carried_to_every_redis_target() {
+        let mut a = args(&[]);
+        assert!(!parse("redis://h:1", &ctx(&a, None)).unwrap().allow_eviction);
+        a.allow_eviction = true;
+        assert!(parse("redis://h:1", &ctx(&a, None)).unwrap().allow_eviction);
+        let sentinel = super::super::sentinel::parse("redis+sentinel://s:1/m", &ctx(&a, None));
+        assert!(sentinel.unwrap().allow_eviction);
     }
 
     #[test]
