@@ -1,7 +1,8 @@
 //! Redis Cluster: one `redis://` URL at any node (or `redis+cluster://` seeds) works for
-//! every name, through redirections, a slot migration and a master failover, and a
-//! semaphore's slots live together on the name's master; several nodes of one Cluster
-//! are never taken for a Redlock quorum.
+//! every name, through redirections, a slot migration and master failovers (manual,
+//! killed, frozen); a semaphore's slots live together on the name's master; every master
+//! is checked for eviction; several nodes of one Cluster are never taken for a Redlock
+//! quorum.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -337,4 +338,33 @@ fn a_frozen_master_is_left_for_its_promoted_replica() {
         "token {next} after the failover is not above {token}"
     );
     c.thaw(m);
+}
+
+#[test]
+fn every_master_is_checked_for_eviction() {
+    let c = RedisCluster::start();
+    let all: Vec<usize> = masters(&c).into_iter().collect();
+    let (evicting, seed) = (all[1], all[0]);
+    for (key, value) in [("maxmemory", "100mb"), ("maxmemory-policy", "allkeys-lru")] {
+        let _: String = c
+            .node(evicting)
+            .query(redis::cmd("CONFIG").arg("SET").arg(key).arg(value));
+    }
+    let url = c.url(seed);
+    let s = Scratch::new();
+    // A name on a safe master runs; one on the evicting master is refused, naming it.
+    token_run(&url, &name_on(&c, "safe", seed), &s, &[]);
+    let name = name_on(&c, "evicted", evicting);
+    let mut cmd = lockrun_run(&url, &name, &[], &sh(r#"touch "$MARKER""#));
+    cmd.env("MARKER", s.path("marker"));
+    let f = run(cmd);
+    f.assert_failure(125);
+    let at = format!("127.0.0.1:{}", c.node(evicting).port());
+    assert!(
+        f.stderr.contains(&at) && f.stderr.contains("allkeys-lru"),
+        "{}",
+        f.stderr
+    );
+    assert!(!s.exists("marker"));
+    token_run(&url, &name, &s, &["--allow-eviction"]);
 }

@@ -143,7 +143,7 @@ impl Router {
     }
 
     /// The node of the current connection as `host:port`, or `fallback`.
-    fn at(&self, fallback: &str) -> String {
+    pub fn at(&self, fallback: &str) -> String {
         self.state()
             .current
             .as_ref()

@@ -135,6 +135,12 @@ impl RedisBackend {
         &self.display
     }
 
+    /// The server that answered last, as `host:port`: in a Cluster, the node of the
+    /// name's slot.
+    fn server(&self) -> String {
+        self.router.at(&self.display)
+    }
+
     /// What error lines need to know about this backend's connection.
     fn context(&self) -> errors::Context<'_> {
         errors::Context::new(&self.target, &self.display, &self.key_prefix)
@@ -162,7 +168,7 @@ impl RedisBackend {
         cmd.arg(script.source()).arg(keys.len()).arg(keys).arg(args);
         let value = self.query(name, &cmd, script).await?;
         replies::parse(script, value).map_err(|bad| {
-            BackendError::Refused(format!("Redis at {} gave {}", self.display, bad.0))
+            BackendError::Refused(format!("Redis at {} gave {}", self.server(), bad.0))
         })
     }
 
@@ -195,7 +201,7 @@ impl RedisBackend {
                     crate::log::Level::Info,
                     crate::log::Event::EvictionUnchecked,
                     &unchecked_line(
-                        &self.display,
+                        &self.server(),
                         self.target.info.redis_settings().username(),
                         &why,
                     ),
@@ -285,7 +291,7 @@ impl RedisBackend {
 
     /// The refusal of this server, which may evict the lock.
     pub fn evicting(&self, policy: &str, maxmemory: u64) -> BackendError {
-        evicting(&self.display, policy, maxmemory)
+        evicting(&self.server(), policy, maxmemory)
     }
 
     /// Raises this server's fencing counter for `name` to at least `fence`, and records
