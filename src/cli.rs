@@ -92,9 +92,29 @@ pub struct BackendArgs {
     )]
     pub slots: u32,
 
+    /// Redis only: take the lock even on a server that may evict it (maxmemory set and
+    /// a maxmemory-policy other than noeviction), which is otherwise refused (125). An
+    /// evicted lock lets a second holder in; fencing tokens still tell them apart.
+    #[arg(
+        long,
+        env = "LOCKRUN_ALLOW_EVICTION",
+        value_parser = yes_or_no
+    )]
+    pub allow_eviction: bool,
+
     /// PostgreSQL's options.
     #[command(flatten)]
     pub postgres: crate::backend::postgres::PgArgs,
+}
+
+/// A yes-or-no variable (`LOCKRUN_ALLOW_EVICTION`): 1, true, yes, on; or 0, false, no,
+/// off, or empty (set but empty is no, as if unset).
+fn yes_or_no(value: &str) -> Result<bool, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "" | "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err("give 1, true, yes or on for yes; 0, false, no, off or nothing for no".into()),
+    }
 }
 
 /// Logging on stderr.
@@ -354,6 +374,24 @@ mod tests {
             with_default_subcommand(vec!["lockrun".into(), "-V".into()]).len(),
             2
         );
+    }
+
+    #[test]
+    fn allow_eviction_is_a_flag_and_its_variable_a_yes_or_no() {
+        let cli = parse(&["lockrun", "--allow-eviction", "job", "--", "true"]).unwrap();
+        let Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
+        assert!(run.backend.allow_eviction);
+        for yes in ["1", "true", "Yes", " on "] {
+            assert_eq!(yes_or_no(yes), Ok(true), "{yes:?}");
+        }
+        for no in ["", "0", "FALSE", "no", "off"] {
+            assert_eq!(yes_or_no(no), Ok(false), "{no:?}");
+        }
+        for neither in ["2", "maybe", "y e s"] {
+            assert!(yes_or_no(neither).is_err(), "{neither:?}");
+        }
     }
 
     #[test]

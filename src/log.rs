@@ -121,6 +121,9 @@ events! {
     SignalIgnored => "signal_ignored",
     /// The password file can be read by group or others.
     PasswordFileMode => "password_file_mode",
+    /// A Redis server would not let lockrun check whether it may evict the lock (no
+    /// INFO for this user): the lock was taken unchecked.
+    EvictionUnchecked => "eviction_unchecked",
 }
 
 /// The logger's settings.
@@ -274,6 +277,7 @@ mod tests {
                 "signal_failed",
                 "signal_ignored",
                 "password_file_mode",
+                "eviction_unchecked",
             ]
         );
     }

@@ -131,7 +131,7 @@ _lockrun() {
             return 0
             ;;
         lockrun__subcmd__release)
-            opts="-q -v -h --url --password-file --key-prefix --slots --pg-table --quiet --verbose --log-format --force --help"
+            opts="-q -v -h --url --password-file --key-prefix --slots --allow-eviction --pg-table --quiet --verbose --log-format --force --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -169,7 +169,7 @@ _lockrun() {
             return 0
             ;;
         lockrun__subcmd__run)
-            opts="-q -v -h --url --password-file --key-prefix --slots --pg-table --quiet --verbose --log-format --ttl --renew-every --wait --conflict-exit-code --hold-at-least --kill-signal --kill-after --max-runtime --metrics-file --help"
+            opts="-q -v -h --url --password-file --key-prefix --slots --allow-eviction --pg-table --quiet --verbose --log-format --ttl --renew-every --wait --conflict-exit-code --hold-at-least --kill-signal --kill-after --max-runtime --metrics-file --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -243,7 +243,7 @@ _lockrun() {
             return 0
             ;;
         lockrun__subcmd__status)
-            opts="-q -v -h --url --password-file --key-prefix --slots --pg-table --quiet --verbose --log-format --json --help"
+            opts="-q -v -h --url --password-file --key-prefix --slots --allow-eviction --pg-table --quiet --verbose --log-format --json --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

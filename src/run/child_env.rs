@@ -1,12 +1,12 @@
 //! The command's environment: lockrun's own, plus the lock's variables, less the
 //! credentials. The job must not get the backend password: it could print it into CI
 //! logs or crash reports, and with it break any lock on the server. So
-//! `LOCKRUN_PASSWORD` is removed and `LOCKRUN_URL` is passed on with every URL of its
-//! comma-separated list stripped of its password (the user is kept). A URL that
-//! cannot be taken apart with certainty is left out entirely rather than passed on
-//! with a secret in it. A job that itself calls lockrun reads the password from a
-//! file (`LOCKRUN_PASSWORD_FILE` stays). Part of [`crate::run`]; pure except
-//! [`changes`], which reads lockrun's environment.
+//! `LOCKRUN_PASSWORD` and `LOCKRUN_SENTINEL_PASSWORD` are removed and `LOCKRUN_URL` is
+//! passed on with every URL of its comma-separated list stripped of its password (the
+//! user is kept). A URL that cannot be taken apart with certainty is left out entirely
+//! rather than passed on with a secret in it. A job that itself calls lockrun reads the
+//! password from a file (`LOCKRUN_PASSWORD_FILE` stays). Part of [`crate::run`]; pure
+//! except [`changes`], which reads lockrun's environment.
 
 use crate::supervisor::EnvChange;
 
@@ -18,6 +18,7 @@ pub(super) fn changes(lock: Vec<(&'static str, String)>) -> Vec<EnvChange> {
         .map(|(k, v)| EnvChange::Set(k, v))
         .collect();
     out.push(EnvChange::Remove("LOCKRUN_PASSWORD"));
+    out.push(EnvChange::Remove("LOCKRUN_SENTINEL_PASSWORD"));
     if let Some(url) = std::env::var_os("LOCKRUN_URL") {
         // Not UTF-8: nothing can be told about it, so it is not passed on.
         match url.to_str().and_then(url_list_without_passwords) {
@@ -154,6 +155,14 @@ mod tests {
             (
                 "redis+sentinel://:pw@s:1,t:2/mymaster",
                 "redis+sentinel://s:1,t:2/mymaster",
+            ),
+            (
+                "rediss+sentinel://:pw@s:1,t:2/mymaster/3",
+                "rediss+sentinel://s:1,t:2/mymaster/3",
+            ),
+            (
+                "redis+sentinel://app:p,w@[::1]:26379,s:2/mymaster",
+                "redis+sentinel://app@[::1]:26379,s:2/mymaster",
             ),
             (
                 "postgres://app:pw@db:5432/app?sslmode=verify-full",

@@ -5,10 +5,11 @@
 //! - `supervisor`: signals, the process group, `--max-runtime`, PID 1;
 //! - `lease`, `fencing`, `contention`: the lease, tokens and waiting, against Redis;
 //! - `conformance`: SPEC's contract, written once and run against every backend;
-//! - `redis_keys`, `redis_slots`, `redlock`, `sentinel`, `postgres`, `etcd`, `file_backend`, `auth`,
-//!   `tls`: what only one backend has; `redis_acl`, `redis_errors`: the ACL rule the README
-//!   states, and the line of each misconfigured Redis connection; `redis_proxies`: Redis
-//!   behind twemproxy, and servers without `HELLO` or `SUBSCRIBE`;
+//! - `redis_keys`, `redis_slots`, `redis_eviction`, `redis_cluster`, `redlock`, `sentinel`,
+//!   `postgres`, `etcd`, `file_backend`, `auth`, `tls`: what only one backend has;
+//!   `redis_acl`, `redis_errors`: the ACL rule the README states, and the line of each
+//!   misconfigured Redis connection; `redis_proxies`: Redis behind twemproxy, and servers
+//!   without `HELLO` or `SUBSCRIBE`;
 //! - `metrics`, `operations`: the metrics file and the logs;
 //! - `docs`: the README, man page and examples agree with the code;
 //! - `fuzz`: random command lines, URLs and durations: no panic, documented statuses,
@@ -30,7 +31,9 @@ mod metrics;
 mod operations;
 mod postgres;
 mod redis_acl;
+mod redis_cluster;
 mod redis_errors;
+mod redis_eviction;
 mod redis_keys;
 mod redis_proxies;
 mod redis_slots;

@@ -1,8 +1,10 @@
 //! Redis behind Sentinel (`redis+sentinel://`): lockrun asks the Sentinels for the
 //! master, follows a failover, and keeps fencing tokens increasing across it; a
-//! semaphore's slots and its limit key live on across it too.
+//! semaphore's slots and its limit key live on across it too. Sentinels with a password
+//! of their own (the URL's, `LOCKRUN_PASSWORD` or `LOCKRUN_SENTINEL_PASSWORD`), and
+//! `rediss+sentinel://` (TLS to the Sentinels and the master, across a failover too).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::support::*;
 
@@ -146,4 +148,351 @@ fn a_semaphores_slots_live_on_across_a_failover() {
         s.touch("go");
         lr.wait_for(Duration::from_secs(60)).assert_code(0);
     }
+}
+
+/// How long a refusal may take to be said.
+const PROMPT: Duration = Duration::from_secs(2);
+
+/// Runs `cmd` (a run of a command that touches `$MARKER`), expecting lockrun to refuse
+/// at once with one line (125) and not to start the command; returns that line.
+fn refused_at_once(mut cmd: std::process::Command, s: &Scratch) -> String {
+    cmd.env("MARKER", s.path("marker"));
+    let started = Instant::now();
+    let f = run(cmd);
+    let took = started.elapsed();
+    f.assert_failure(125);
+    assert!(took < PROMPT, "took {took:?} to refuse:\n{}", f.stderr);
+    assert_eq!(f.stderr.lines().count(), 1, "not one line:\n{}", f.stderr);
+    assert!(!s.exists("marker"), "the command ran");
+    f.stderr.trim().to_owned()
+}
+
+/// A run whose command writes its environment to `$OUT`.
+fn env_run(url: &str, s: &Scratch) -> std::process::Command {
+    let mut cmd = lockrun_run(url, "job", &[], &sh(r#"env > "$OUT""#));
+    cmd.env("OUT", s.path("out"));
+    cmd
+}
+
+#[test]
+fn sentinels_with_a_password_of_their_own() {
+    let cluster = Sentinel::start_secured(
+        DOWN_AFTER,
+        Security {
+            master_password: Some("master-pw".into()),
+            sentinel_password: Some("sentinel-pw".into()),
+            ..Security::default()
+        },
+    );
+    let sentinel = format!("Sentinel 127.0.0.1:{}", cluster.sentinel_port());
+    // The master's password in the URL (given in LOCKRUN_URL, as a job would), the
+    // Sentinels' in the variable: it works, and the command sees neither.
+    let s = Scratch::new();
+    let mut cmd = lockrun();
+    cmd.arg("job")
+        .arg("--")
+        .args(sh(
+            r#"echo "$LOCKRUN_FENCING_TOKEN" > "$TOKEN"; env > "$OUT""#,
+        ))
+        .env("LOCKRUN_URL", cluster.url_with(":master-pw"))
+        .env("LOCKRUN_SENTINEL_PASSWORD", "sentinel-pw")
+        .env("TOKEN", s.path("token"))
+        .env("OUT", s.path("out"));
+    run(cmd).assert_code(0);
+    let env = s.read("out");
+    assert!(
+        !env.contains("master-pw") && !env.contains("sentinel-pw"),
+        "the command got a password:\n{env}"
+    );
+    assert!(
+        env.contains(&format!("LOCKRUN_URL={}", cluster.url())),
+        "LOCKRUN_URL is not passed on cleaned:\n{env}"
+    );
+    let fence: Option<String> = cluster
+        .master()
+        .query(redis::cmd("GET").arg(fence_key("job")));
+    assert_eq!(fence.as_deref(), Some(s.read("token").trim()));
+
+    // The master's password in LOCKRUN_PASSWORD; status too.
+    let s = Scratch::new();
+    let mut cmd = env_run(&cluster.url(), &s);
+    cmd.env("LOCKRUN_PASSWORD", "master-pw")
+        .env("LOCKRUN_SENTINEL_PASSWORD", "sentinel-pw");
+    run(cmd).assert_code(0);
+    assert!(!s.read("out").contains("-pw"), "{}", s.read("out"));
+    let mut status = lockrun();
+    status
+        .args(["status", "--url", &cluster.url_with(":master-pw"), "job"])
+        .env("LOCKRUN_SENTINEL_PASSWORD", "sentinel-pw");
+    run(status).assert_code(1);
+
+    // A wrong Sentinel password: one line, naming the Sentinel.
+    let s = Scratch::new();
+    let mut cmd = lockrun_run(
+        &cluster.url_with(":master-pw"),
+        "job",
+        &[],
+        &sh(r#"touch "$MARKER""#),
+    );
+    cmd.env("LOCKRUN_SENTINEL_PASSWORD", "wrong-pw");
+    let line = refused_at_once(cmd, &s);
+    assert!(
+        line.contains(&format!("{sentinel} refused authentication"))
+            && line.contains("WRONGPASS")
+            && line.contains("LOCKRUN_SENTINEL_PASSWORD"),
+        "{line}"
+    );
+    assert!(!line.contains("-pw"), "a password in the line: {line}");
+
+    // No variable: the Sentinel is given the master's password, and says no.
+    let s = Scratch::new();
+    let cmd = lockrun_run(
+        &cluster.url_with(":master-pw"),
+        "job",
+        &[],
+        &sh(r#"touch "$MARKER""#),
+    );
+    let line = refused_at_once(cmd, &s);
+    assert!(
+        line.contains(&format!("{sentinel} refused authentication"))
+            && line.contains("master's user and password")
+            && line.contains("LOCKRUN_SENTINEL_PASSWORD"),
+        "{line}"
+    );
+    assert!(!line.contains("-pw"), "a password in the line: {line}");
+
+    // No password at all.
+    let s = Scratch::new();
+    let cmd = lockrun_run(&cluster.url(), "job", &[], &sh(r#"touch "$MARKER""#));
+    let line = refused_at_once(cmd, &s);
+    assert!(
+        line.contains(&format!("{sentinel} refused authentication"))
+            && line.contains("NOAUTH")
+            && line.contains("needs a password"),
+        "{line}"
+    );
+
+    // The Sentinel lets us in, the master does not: the line names the master.
+    let s = Scratch::new();
+    let mut cmd = lockrun_run(&cluster.url(), "job", &[], &sh(r#"touch "$MARKER""#));
+    cmd.env("LOCKRUN_PASSWORD", "wrong-pw")
+        .env("LOCKRUN_SENTINEL_PASSWORD", "sentinel-pw");
+    let line = refused_at_once(cmd, &s);
+    assert!(
+        line.contains(&format!(
+            "Redis at 127.0.0.1:{} (the Sentinels' mymaster) refused the password",
+            cluster.master_proxy().port()
+        )),
+        "{line}"
+    );
+    assert!(!line.contains("Sentinel 127.0.0.1"), "{line}");
+    assert!(!line.contains("-pw"), "a password in the line: {line}");
+}
+
+#[test]
+fn one_password_for_the_sentinels_and_the_master() {
+    let cluster = Sentinel::start_secured(
+        DOWN_AFTER,
+        Security {
+            master_password: Some("shared-pw".into()),
+            sentinel_password: Some("shared-pw".into()),
+            ..Security::default()
+        },
+    );
+    let s = Scratch::new();
+    run(env_run(&cluster.url_with(":shared-pw"), &s)).assert_code(0);
+    let mut cmd = env_run(&cluster.url(), &s);
+    cmd.env("LOCKRUN_PASSWORD", "shared-pw");
+    run(cmd).assert_code(0);
+    assert!(!s.read("out").contains("shared-pw"), "{}", s.read("out"));
+    assert!(cluster.master().exists(&fence_key("job")));
+}
+
+#[test]
+fn a_sentinel_without_a_password_answers_when_the_master_has_one() {
+    // As before Sentinel passwords: the master's password goes to the Sentinel too,
+    // which refuses the AUTH and answers all the same.
+    let cluster = Sentinel::start_secured(
+        DOWN_AFTER,
+        Security {
+            master_password: Some("master-pw".into()),
+            ..Security::default()
+        },
+    );
+    let s = Scratch::new();
+    let token = token_run(&cluster.url_with(":master-pw"), &s, &[]);
+    let fence: Option<String> = cluster
+        .master()
+        .query(redis::cmd("GET").arg(fence_key("job")));
+    assert_eq!(fence, Some(token.to_string()));
+}
+
+#[test]
+fn rediss_sentinel_speaks_tls_to_the_sentinels_and_the_master() {
+    let mut cluster = Sentinel::start_secured(
+        DOWN_AFTER,
+        Security {
+            tls: Some(TlsFiles::generate(false)),
+            ..Security::default()
+        },
+    );
+    let url = cluster.url();
+    assert!(url.starts_with("rediss+sentinel://"), "{url}");
+    let ca = cluster.tls_files().path("ca.pem");
+    // The Sentinel hands out the proxy in front of the master's TLS port: only TLS
+    // gets through to the master.
+    let s = Scratch::new();
+    let mut cmd = lockrun_run(
+        &url,
+        "job",
+        &[],
+        &sh(r#"echo "$LOCKRUN_FENCING_TOKEN" > "$OUT""#),
+    );
+    cmd.env("OUT", s.path("out")).env("LOCKRUN_TLS_CA", &ca);
+    run(cmd).assert_code(0);
+    let before: u64 = s.read("out").trim().parse().unwrap();
+    let fence: Option<String> = cluster
+        .master()
+        .query(redis::cmd("GET").arg(fence_key("job")));
+    assert_eq!(fence, Some(before.to_string()));
+
+    // Without the CA: the Sentinel's certificate is not trusted, and nothing is sent in
+    // plain text instead.
+    let s = Scratch::new();
+    let line = refused_at_once(lockrun_run(&url, "job", &[], &sh(r#"touch "$MARKER""#)), &s);
+    assert!(
+        line.contains(&format!("Sentinel {}", url.split('/').nth(2).unwrap()))
+            && line.contains("LOCKRUN_TLS_CA"),
+        "{line}"
+    );
+
+    // The wrong scheme for the port: a line that says which to use.
+    let s = Scratch::new();
+    let plain_at_tls = url.replace("rediss+sentinel://", "redis+sentinel://");
+    let line = refused_at_once(
+        lockrun_run(&plain_at_tls, "job", &[], &sh(r#"touch "$MARKER""#)),
+        &s,
+    );
+    assert!(
+        line.contains("speaks TLS on that port: use rediss+sentinel://"),
+        "{line}"
+    );
+    let tls_at_plain = format!(
+        "rediss+sentinel://127.0.0.1:{}/mymaster",
+        cluster.sentinel_port()
+    );
+    let mut cmd = lockrun_run(&tls_at_plain, "job", &[], &sh(r#"touch "$MARKER""#));
+    cmd.env("LOCKRUN_TLS_CA", &ca);
+    let line = refused_at_once(cmd, &s);
+    assert!(
+        line.contains("answers without TLS on that port: use redis+sentinel://"),
+        "{line}"
+    );
+
+    // After a failover, the promoted replica is reached over TLS too (the Sentinel
+    // knows it by its TLS port).
+    cluster.kill_master_and_wait_for_failover();
+    let s = Scratch::new();
+    let mut cmd = lockrun_run(
+        &url,
+        "job",
+        &["--wait", "20s"],
+        &sh(r#"echo "$LOCKRUN_FENCING_TOKEN" > "$OUT""#),
+    );
+    cmd.env("OUT", s.path("out")).env("LOCKRUN_TLS_CA", &ca);
+    run(cmd).assert_code(0);
+    let after: u64 = s.read("out").trim().parse().unwrap();
+    assert!(after > before, "token {after} is not above {before}");
+    let fence: Option<String> = cluster
+        .replica()
+        .query(redis::cmd("GET").arg(fence_key("job")));
+    assert_eq!(fence, Some(after.to_string()));
+}
+
+#[test]
+fn client_certificates_and_a_sentinel_acl_user() {
+    // Every server and the Sentinel demand a client certificate; the Sentinel knows only
+    // the ACL user `watcher`, the master has a password of its own.
+    let cluster = Sentinel::start_secured(
+        DOWN_AFTER,
+        Security {
+            master_password: Some("master-pw".into()),
+            sentinel_user: Some(("watcher".into(), "watcher-pw".into())),
+            tls: Some(TlsFiles::generate(true)),
+            ..Security::default()
+        },
+    );
+    let tls = cluster.tls_files();
+    let with_tls = |cmd: &mut std::process::Command, cert: bool| {
+        cmd.env("LOCKRUN_TLS_CA", tls.path("ca.pem"));
+        if cert {
+            cmd.env("LOCKRUN_TLS_CERT", tls.path("client.pem"))
+                .env("LOCKRUN_TLS_KEY", tls.path("client.key"));
+        }
+    };
+    let s = Scratch::new();
+    let mut cmd = env_run(&cluster.url_with(":master-pw"), &s);
+    with_tls(&mut cmd, true);
+    cmd.env("LOCKRUN_SENTINEL_USER", "watcher")
+        .env("LOCKRUN_SENTINEL_PASSWORD", "watcher-pw");
+    run(cmd).assert_code(0);
+    assert!(!s.read("out").contains("-pw"), "{}", s.read("out"));
+    assert!(cluster.master().exists(&fence_key("job")));
+
+    // The right password for another user of the Sentinel's.
+    let s = Scratch::new();
+    let mut cmd = lockrun_run(
+        &cluster.url_with(":master-pw"),
+        "job",
+        &[],
+        &sh(r#"touch "$MARKER""#),
+    );
+    with_tls(&mut cmd, true);
+    cmd.env("LOCKRUN_SENTINEL_USER", "default")
+        .env("LOCKRUN_SENTINEL_PASSWORD", "watcher-pw");
+    let line = refused_at_once(cmd, &s);
+    assert!(
+        line.contains("Sentinel 127.0.0.1:") && line.contains("refused authentication"),
+        "{line}"
+    );
+
+    // No client certificate: refused, at once, in one line.
+    let s = Scratch::new();
+    let mut cmd = lockrun_run(
+        &cluster.url_with(":master-pw"),
+        "job",
+        &[],
+        &sh(r#"touch "$MARKER""#),
+    );
+    with_tls(&mut cmd, false);
+    cmd.env("LOCKRUN_SENTINEL_USER", "watcher")
+        .env("LOCKRUN_SENTINEL_PASSWORD", "watcher-pw");
+    let line = refused_at_once(cmd, &s);
+    assert!(
+        line.contains("Sentinel 127.0.0.1:")
+            && line.contains("demands a client certificate")
+            && line.contains("LOCKRUN_TLS_CERT"),
+        "{line}"
+    );
+
+    // A client certificate of another CA's.
+    let stranger = TlsFiles::generate(true);
+    let s = Scratch::new();
+    let mut cmd = lockrun_run(
+        &cluster.url_with(":master-pw"),
+        "job",
+        &[],
+        &sh(r#"touch "$MARKER""#),
+    );
+    with_tls(&mut cmd, false);
+    cmd.env("LOCKRUN_TLS_CERT", stranger.path("client.pem"))
+        .env("LOCKRUN_TLS_KEY", stranger.path("client.key"))
+        .env("LOCKRUN_SENTINEL_USER", "watcher")
+        .env("LOCKRUN_SENTINEL_PASSWORD", "watcher-pw");
+    let line = refused_at_once(cmd, &s);
+    assert!(
+        line.contains("Sentinel 127.0.0.1:")
+            && line.contains("does not trust the client certificate of LOCKRUN_TLS_CERT"),
+        "{line}"
+    );
 }

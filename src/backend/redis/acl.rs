@@ -5,17 +5,23 @@
 //! lockrun sends `EVAL` (every step is a script, see `scripts.rs`) and, to wait with
 //! `--wait`, `SUBSCRIBE` to its own wake-up channel; the scripts call the commands in
 //! [`SCRIPT_COMMANDS`] on keys under the key prefix and `PUBLISH` to channels under it
-//! (`P{NAME}:wake:ID`). `HELLO` and `AUTH` need no permission. A URL that names a
+//! (`P{NAME}:wake:ID`); the acquire script also reads `INFO memory` (the eviction
+//! check; without `+info` the lock is still taken, unchecked, and `-v` says so).
+//! `HELLO` and `AUTH` need no permission. A URL that names a
 //! database also sends `SELECT`, and a Sentinel target asks the master `ROLE`: those
-//! two are not in the rule, and the error line names them if they are denied. A unit
-//! test keeps [`SCRIPT_COMMANDS`] equal to the commands the Lua sources call.
+//! two are not in the rule, and the error line names them if they are denied. Nor are
+//! the two a Redis Cluster may need (see `cluster.rs`): `ASKING`, during a slot
+//! migration (a denial is named), and `CLUSTER SLOTS`, asked of the other nodes after
+//! one is lost (a denial only leaves those nodes to redirect): add `+asking
+//! +cluster|slots` for a Cluster. A unit test keeps [`SCRIPT_COMMANDS`] equal to the
+//! commands the Lua sources call.
 
 /// The commands lockrun itself sends once connected (besides `HELLO`/`AUTH`).
 pub const CLIENT_COMMANDS: [&str; 2] = ["eval", "subscribe"];
 
 /// The commands lockrun's scripts call, in alphabetical order.
-pub const SCRIPT_COMMANDS: [&str; 16] = [
-    "del", "exists", "get", "hdel", "hexists", "hget", "hmget", "hset", "pexpire", "pttl",
+pub const SCRIPT_COMMANDS: [&str; 17] = [
+    "del", "exists", "get", "hdel", "hexists", "hget", "hmget", "hset", "info", "pexpire", "pttl",
     "publish", "set", "time", "zadd", "zrange", "zrem",
 ];
 
@@ -100,8 +106,8 @@ mod tests {
         assert_eq!(
             setuser_line("lockrun", "lockrun:"),
             "ACL SETUSER lockrun reset on >PASSWORD ~lockrun:* &lockrun:* +eval +subscribe \
-             +del +exists +get +hdel +hexists +hget +hmget +hset +pexpire +pttl +publish \
-             +set +time +zadd +zrange +zrem"
+             +del +exists +get +hdel +hexists +hget +hmget +hset +info +pexpire +pttl \
+             +publish +set +time +zadd +zrange +zrem"
         );
     }
 

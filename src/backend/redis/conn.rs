@@ -1,6 +1,7 @@
 //! Connections to a Redis server, as the backend's [`Slot`]s hold them: the multiplexed
 //! client that every script goes through, and, for `--wait`, a second connection
-//! subscribed to this waiter's wake-up channel. Part of [`super`].
+//! subscribed to this waiter's wake-up channel; [`client`] builds the client, over TLS
+//! for `rediss://` (and for a Sentinel of `rediss+sentinel://`). Part of [`super`].
 //!
 //! Both speak RESP2 and send nothing before the first command but what the URL asks
 //! for (AUTH, SELECT): no `HELLO`, no `CLIENT SETINFO`. So a proxy that knows only the
@@ -18,12 +19,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::StreamExt;
 use redis::aio::{MultiplexedConnection, PubSubStream};
-use redis::{AsyncConnectionConfig, ConnectionAddr, RedisError, Value};
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, RedisError, RedisResult, Value,
+};
 
 use super::errors::{self, describe_in, io_reason, Context};
 use super::probe;
 use super::target::RedisTarget;
 use crate::backend::conn::{Connection, Slot, Wakeups};
+use crate::backend::tls::TlsFiles;
 use crate::backend::BackendError;
 
 /// A connection for scripts; replaced as a whole after any failure.
@@ -94,68 +98,41 @@ pub async fn next_wakeup(messages: &mut PubSubStream) -> Option<()> {
 /// The subscriber slot of one Redis server.
 pub type SubscriberSlot = Slot<Subscriber>;
 
-/// A client for one server, before connecting.
-struct Client {
-    client: redis::Client,
-    /// Where it connects (the master's address, behind Sentinel).
-    addr: ConnectionAddr,
-    /// Something is exchanged while connecting: AUTH or SELECT.
-    exchanged: bool,
-}
-
-/// The client for `target`'s server (asking the Sentinels first if it is behind
-/// Sentinel), RESP2 (whatever the URL's `protocol`) without `CLIENT SETINFO`.
-async fn client(target: &RedisTarget, ctx: &Context<'_>) -> Result<Client, BackendError> {
+/// Where `target` leads (asking the Sentinels first if it is behind Sentinel): its
+/// connection info, RESP2 (whatever the URL's `protocol`) without `CLIENT SETINFO`,
+/// and the master's address as the Sentinels gave it.
+async fn resolve(target: &RedisTarget) -> Result<(ConnectionInfo, Option<String>), BackendError> {
     let settings = target
         .info
         .redis_settings()
         .clone()
         .set_protocol(redis::ProtocolVersion::RESP2)
         .set_skip_set_lib_name();
-    let info = match &target.sentinel {
-        None => target.info.clone(),
-        Some(sentinels) => sentinels.master_address().await?,
-    }
-    .set_redis_settings(settings);
-    let addr = info.addr().clone();
-    let exchanged = info.redis_settings().password().is_some() || info.redis_settings().db() != 0;
-    let client = match &target.tls {
-        None => redis::Client::open(info),
-        Some(tls) => {
-            // rustls needs a process-wide crypto provider; ring is the one built in.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-            let certs = redis::TlsCertificates {
-                client_tls: tls
-                    .client
-                    .as_ref()
-                    .map(|(cert, key)| redis::ClientTlsConfig {
-                        client_cert: cert.clone(),
-                        client_key: key.clone(),
-                    }),
-                root_cert: tls.ca.clone(),
-            };
-            redis::Client::build_with_tls(info, certs)
+    let (info, master) = match &target.sentinel {
+        None => (target.info.clone(), None),
+        Some(sentinels) => {
+            let (addr, master) = sentinels.master_address(target.tls.as_ref()).await?;
+            (target.info.clone().set_addr(addr), Some(master))
         }
-    }
-    .map_err(|e| describe_in(&e, ctx, None))?;
-    Ok(Client {
-        client,
-        addr,
-        exchanged,
-    })
+    };
+    Ok((info.set_redis_settings(settings), master))
 }
 
-/// Connects to `target` for scripts. `at` is the server as `host:port`, for messages.
+/// Connects to `target` (asking the Sentinels first if it is behind Sentinel).
+/// `at` is the server as `host:port`, for messages; behind Sentinel, messages name the
+/// master's address instead, as the Sentinels gave it (so that its refusals are told
+/// apart from a Sentinel's).
 pub async fn connect(target: &RedisTarget, at: &str) -> Result<RedisConn, BackendError> {
     let conn_config = AsyncConnectionConfig::new()
         .set_connection_timeout(None)
         .set_response_timeout(None);
+    let (info, master) = resolve(target).await?;
+    let at = master.as_deref().unwrap_or(at);
     let ctx = Context::new(target, at, "");
-    let Client {
-        client,
-        addr,
-        exchanged,
-    } = client(target, &ctx).await?;
+    let addr = info.addr().clone();
+    // Something is exchanged while connecting: AUTH or SELECT.
+    let exchanged = info.redis_settings().password().is_some() || info.redis_settings().db() != 0;
+    let client = client(info, target.tls.as_ref()).map_err(|e| describe_in(&e, &ctx, None))?;
     let connecting = client.get_multiplexed_async_connection_with_config(&conn_config);
     let mut connecting = std::pin::pin!(connecting);
     let made = if target.tls.is_some() {
@@ -198,9 +175,9 @@ pub async fn subscribe(
     channel: &str,
     ctx: &Context<'_>,
 ) -> Result<Subscriber, String> {
-    let client = client(target, ctx).await.map_err(|e| e.to_string())?;
+    let (info, _) = resolve(target).await.map_err(|e| e.to_string())?;
+    let client = client(info, target.tls.as_ref()).map_err(|e| reason(&e, ctx))?;
     let mut pubsub = client
-        .client
         .get_async_pubsub()
         .await
         .map_err(|e| format!("connecting: {}", reason(&e, ctx)))?;
@@ -235,6 +212,29 @@ fn short_reason(e: &RedisError) -> String {
     }
 }
 
+/// A client for `info`, over TLS with `tls`'s files when given (`info` is then a
+/// `rediss` address); shared with the Sentinels' (see `sentinel.rs`).
+pub fn client(info: ConnectionInfo, tls: Option<&TlsFiles>) -> RedisResult<Client> {
+    match tls {
+        None => Client::open(info),
+        Some(tls) => {
+            // rustls needs a process-wide crypto provider; ring is the one built in.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let certs = redis::TlsCertificates {
+                client_tls: tls
+                    .client
+                    .as_ref()
+                    .map(|(cert, key)| redis::ClientTlsConfig {
+                        client_cert: cert.clone(),
+                        client_key: key.clone(),
+                    }),
+                root_cert: tls.ca.clone(),
+            };
+            Client::build_with_tls(info, certs)
+        }
+    }
+}
+
 /// During a failover the Sentinels may still name the old master, now a replica:
 /// writing the lock there would be lost. Insist on a master.
 async fn insist_on_master(
@@ -254,7 +254,7 @@ async fn insist_on_master(
         Ok(())
     } else {
         Err(BackendError::Unavailable(format!(
-            "the server {at} names is not a master (failover in progress)"
+            "Redis at {at} is not a master (failover in progress)"
         )))
     }
 }

@@ -1,5 +1,8 @@
-//! The Redis backend: one server (`redis://`, `rediss://`, or Valkey), or the master
-//! behind Sentinel (`redis+sentinel://`); [`redlock`] builds a quorum of these.
+//! The Redis backend: one server (`redis://`, `rediss://`, or Valkey), the master
+//! behind Sentinel (`redis+sentinel://`, `rediss+sentinel://`; with the Sentinels' own
+//! password and TLS, see [`sentinel`]), or a Redis Cluster (any node's `redis://` URL,
+//! or `redis+cluster://` with several seeds; redirections and failovers followed in
+//! `cluster.rs`); [`redlock`] builds a quorum of single servers.
 //!
 //! Keys of lock `NAME` under prefix `P` all carry the `{NAME}` hash tag (see
 //! `scripts::Keys`): the lock hash with the lease as its PX expiry, the fencing
@@ -29,6 +32,15 @@
 //! EVAL: one round trip, and nothing to reload after a server restart. Renew and
 //! release compare the stored token with ours before touching the key.
 //!
+//! Eviction (issue 12): a server with `maxmemory` set and a `maxmemory-policy` other
+//! than `noeviction` may evict a held lock (the `volatile-*` policies too: it has an
+//! expiry), and a second holder would get in. The acquire script reads `INFO memory`
+//! itself, so every acquisition (on a single server, a Sentinel master, each Redlock
+//! node) checks the server as it is now at no extra round trip, and refuses before
+//! writing anything unless `--allow-eviction` (the line: `evicting`). Where the server
+//! will not let the script read INFO (an ACL without it), the lock is taken and `-v`
+//! says so, once a run and server.
+//!
 //! The connection lives in a [`crate::backend::conn::Slot`]: made lazily, dropped
 //! after any error or abandoned call (the caller's timeout), made anew next time.
 //!
@@ -49,12 +61,14 @@
 //! polling meanwhile.
 //!
 //! Files: `target.rs` (the URL), `sentinel.rs` (Sentinel URLs and master lookup),
+//! `cluster.rs` (a Cluster's redirections, slot owner and failover),
 //! `conn.rs` (connecting), `probe.rs` (which scheme a port speaks, when connecting
 //! fails), `errors.rs` (error lines), `acl.rs` (the least-privilege ACL rule, which a
 //! denied command's error line quotes), `scripts.rs` + `scripts/*.lua`, `replies.rs`
 //! (their answers), `redlock.rs` + `redlock/votes.rs` (the quorum).
 
 pub mod acl;
+mod cluster;
 mod conn;
 mod errors;
 mod probe;
@@ -68,7 +82,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use redis::{FromRedisValue, Value};
+use redis::FromRedisValue;
 
 use crate::backend::conn::{self as slot, InUse};
 use crate::backend::{
@@ -77,7 +91,7 @@ use crate::backend::{
 use crate::config::BackendConfig;
 use crate::log::{emit, Event, Level};
 use conn::{RedisConn, RedisSlot, Subscriber, SubscriberSlot};
-use replies::{AcquireReply, Done, HoldersReply};
+use replies::{AcquireReply, Checked, Done, HoldersReply};
 use scripts::{Keys, Script};
 pub use scripts::{FENCE_KEEP, MAX_LEASE};
 pub use target::{RedisTarget, KIND};
@@ -114,6 +128,8 @@ pub struct RedisBackend {
     /// The N of `--slots` (1: a plain lock).
     slots: u32,
     connection: RedisSlot,
+    /// Where the name's Cluster slot lives (follows nothing for a single server).
+    router: cluster::Router,
     /// Waiting for wake-ups (`--wait`): join the queue of waiters, subscribe when busy.
     notifications: bool,
     /// The connection subscribed to this waiter's wake-up channel, once the lock was
@@ -131,6 +147,8 @@ pub struct RedisBackend {
     /// The token and slot of our last acquisition, for renewals to go to that slot
     /// only. Held for no await.
     taken: Mutex<Option<(String, u32)>>,
+    /// Set once `-v` was told that this server would not let the eviction check run.
+    told_unchecked: AtomicBool,
 }
 
 impl RedisBackend {
@@ -138,6 +156,7 @@ impl RedisBackend {
     /// lock is busy (polling where the server cannot give them).
     pub fn new(target: RedisTarget, config: &BackendConfig, notifications: bool) -> RedisBackend {
         RedisBackend {
+            router: cluster::Router::new(target.cluster.as_ref()),
             target,
             display: config.display.clone(),
             key_prefix: config.key_prefix.clone(),
@@ -150,6 +169,7 @@ impl RedisBackend {
             polling: AtomicBool::new(false),
             waiter_id: crate::token::random_hex(8),
             taken: Mutex::new(None),
+            told_unchecked: AtomicBool::new(false),
         }
     }
 
@@ -158,16 +178,21 @@ impl RedisBackend {
         &self.display
     }
 
+    /// The server that answered last, as `host:port`: in a Cluster, the node of the
+    /// name's slot.
+    fn server(&self) -> String {
+        self.router.at(&self.display)
+    }
+
     /// What error lines need to know about this backend's connection.
     fn context(&self) -> errors::Context<'_> {
         errors::Context::new(&self.target, &self.display, &self.key_prefix)
     }
 
-    /// The connection for one call, made if needed.
-    async fn conn(&self) -> Result<InUse<'_, RedisConn>, BackendError> {
-        self.connection
-            .get(|_| conn::connect(&self.target, &self.display))
-            .await
+    /// The connection for one call on lock `name`, made if needed (in a Cluster, to
+    /// the node of the name's slot).
+    async fn conn(&self, name: &str) -> Result<InUse<'_, RedisConn>, BackendError> {
+        self.connection.get(|_| self.connect(name)).await
     }
 
     /// Runs `script` on lock `name` (its slot `taken` only, where the script can do
@@ -182,25 +207,11 @@ impl RedisBackend {
         args: &[&str],
     ) -> Result<T, BackendError> {
         let keys = Keys::new(&self.key_prefix, name).for_script(script, self.slots, taken);
-        let c = self.conn().await?;
-        let mut conn = c.conn.clone();
-        let reply = redis::cmd("EVAL")
-            .arg(script.source())
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args)
-            .query_async::<Value>(&mut conn)
-            .await;
-        let reply = match reply {
-            Ok(value) => {
-                c.answered();
-                Ok(value)
-            }
-            Err(e) => Err(c.explain(&e, &self.context(), Some(script)).await),
-        };
-        let value = c.settle(reply)?;
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(script.source()).arg(keys.len()).arg(keys).arg(args);
+        let value = self.query(name, &cmd, script).await?;
         replies::parse(script, value).map_err(|bad| {
-            BackendError::Refused(format!("Redis at {} gave {}", self.display, bad.0))
+            BackendError::Refused(format!("Redis at {} gave {}", self.server(), bad.0))
         })
     }
 
@@ -224,8 +235,24 @@ impl RedisBackend {
             waiter_id,
             &ms(WAITER_ALIVE),
             &wanted,
+            if self.target.allow_eviction { "1" } else { "" },
         ];
-        self.eval(Script::Acquire, name, None, &args).await
+        let Checked { reply, unchecked } = self.eval(Script::Acquire, name, None, &args).await?;
+        if let Some(why) = unchecked {
+            if !self.told_unchecked.swap(true, Ordering::Relaxed) {
+                crate::log::emit(
+                    crate::log::Level::Info,
+                    crate::log::Event::EvictionUnchecked,
+                    &unchecked_line(
+                        &self.server(),
+                        self.target.info.redis_settings().username(),
+                        &why,
+                    ),
+                    &[],
+                );
+            }
+        }
+        Ok(reply)
     }
 
     /// Tries once to take the lowest free slot of `name` (or slot `wanted`: Redlock's
@@ -272,9 +299,10 @@ impl RedisBackend {
             self.waiter_id
         );
         let ctx = self.context();
+        let target = self.subscriber_target();
         let subscribe = self
             .subscriber
-            .get(|_| conn::subscribe(&self.target, &channel, &ctx));
+            .get(|_| conn::subscribe(&target, &channel, &ctx));
         let why = match tokio::time::timeout(within, subscribe).await {
             Ok(Ok(subscribed)) => {
                 subscribed.keep();
@@ -345,6 +373,11 @@ impl RedisBackend {
         slots_conflict(theirs, self.slots)
     }
 
+    /// The refusal of this server, which may evict the lock.
+    pub fn evicting(&self, policy: &str, maxmemory: u64) -> BackendError {
+        evicting(&self.server(), policy, maxmemory)
+    }
+
     /// Raises this server's fencing counter for `name` to at least `fence`, and records
     /// `fence` on slot `slot` if `token` holds it (Redlock's write-back).
     pub async fn raise_fence(
@@ -364,6 +397,29 @@ impl RedisBackend {
             .await?;
         Ok(())
     }
+}
+
+/// The refusal of the server at `at`, whose `maxmemory` is set and whose `policy`
+/// may evict the lock: one line with the two ways out.
+fn evicting(at: &str, policy: &str, maxmemory: u64) -> BackendError {
+    BackendError::Refused(format!(
+        "Redis at {at} may evict the lock (maxmemory-policy {policy}, maxmemory {maxmemory} \
+         bytes), letting a second holder in: set maxmemory-policy noeviction on it, or \
+         accept the risk, which fencing tokens still bound, with --allow-eviction \
+         (LOCKRUN_ALLOW_EVICTION=1)"
+    ))
+}
+
+/// The `-v` line when the server at `at` would not let the acquire script read INFO
+/// (`why`, the server's error) as `user` (`None`: the default user).
+fn unchecked_line(at: &str, user: Option<&str>, why: &str) -> String {
+    let user = user.unwrap_or("default");
+    format!(
+        "Redis at {at} did not let user {user:?} run INFO in lockrun's acquire script ({}), \
+         so whether the server may evict the lock was not checked: grant it with ACL \
+         SETUSER {user} +info (README, \"Redis keys\", gives the whole rule)",
+        why.trim()
+    )
 }
 
 fn ms(d: Duration) -> String {
@@ -407,6 +463,7 @@ impl Backend for RedisBackend {
             }
             AcquireReply::Busy(holder) => Ok(Acquire::Busy(holder)),
             AcquireReply::Conflict(theirs) => Err(self.conflict(theirs)),
+            AcquireReply::Evicting { policy, maxmemory } => Err(self.evicting(&policy, maxmemory)),
         }
     }
 
@@ -494,6 +551,35 @@ mod tests {
             },
             token: "t".into(),
         }
+    }
+
+    #[test]
+    fn the_eviction_lines_name_the_policy_and_both_ways_out() {
+        let e = evicting("h:1", "volatile-lru", 10_485_760);
+        let BackendError::Refused(line) = &e else {
+            panic!("{e:?} is not a refusal (exit 125)")
+        };
+        for part in [
+            "Redis at h:1",
+            "volatile-lru",
+            "10485760",
+            "noeviction",
+            "--allow-eviction",
+            "LOCKRUN_ALLOW_EVICTION=1",
+            "fencing",
+        ] {
+            assert!(line.contains(part), "{part} missing: {line}");
+        }
+        assert!(!line.contains('\n') && !line.contains("  "), "{line}");
+        let v = unchecked_line("h:1", Some("locker"), " ERR can't run this command\n");
+        assert!(
+            v.contains("user \"locker\" run INFO")
+                && v.contains("ACL SETUSER locker +info ")
+                && v.contains("(ERR can't run this command)"),
+            "{v}"
+        );
+        assert!(unchecked_line("h:1", None, "x").contains("ACL SETUSER default +info"));
+        assert!(!v.contains('\n') && !v.contains("  "), "{v}");
     }
 
     #[test]

@@ -17,6 +17,10 @@
 //! majority holds it with one token. A holder of another N seen by any server is
 //! refused.
 //!
+//! Eviction: every server checks its own memory policy in its acquire script; one that
+//! may evict the lock refuses the whole acquisition (what the others took is given
+//! back), since a majority that counts on it could lose the lock to eviction.
+//!
 //! Waiting: each server's acquire that finds the lock busy also subscribes the waiter
 //! there (a server that cannot give wake-ups is polled instead); the waiter then
 //! sleeps until the first wake-up or the first server's timer.
@@ -277,6 +281,21 @@ impl RedlockBackend {
         Ok(Acquire::Busy(holder))
     }
 
+    /// The refusal that one server's answer makes for the whole quorum, if any: a
+    /// server that may evict the lock (the first one named), or a holder of another N.
+    fn refusal(&self, answers: &[Result<AcquireReply, BackendError>]) -> Option<BackendError> {
+        let evicting = answers
+            .iter()
+            .zip(&self.nodes)
+            .find_map(|(a, node)| match a {
+                Ok(AcquireReply::Evicting { policy, maxmemory }) => {
+                    Some(node.evicting(policy, *maxmemory))
+                }
+                _ => None,
+            });
+        evicting.or_else(|| conflict_in(answers).map(|theirs| self.nodes[0].conflict(theirs)))
+    }
+
     /// Explains a missing quorum from the answers' errors.
     fn no_quorum<T>(
         &self,
@@ -314,9 +333,9 @@ impl Backend for RedlockBackend {
         let first = self
             .on_all(timeout, |n| n.acquire_slot(name, req, None))
             .await;
-        if let Some(theirs) = conflict_in(&first) {
+        if let Some(refusal) = self.refusal(&first) {
             self.give_back(name, &req.token, timeout, &first).await;
-            return Err(self.nodes[0].conflict(theirs));
+            return Err(refusal);
         }
         let chosen = choose_slot(&free_maps(&first), self.quorum());
         // Servers that took another slot than the one chosen give it back, and take
@@ -327,9 +346,9 @@ impl Backend for RedlockBackend {
             }
             _ => first,
         };
-        if let Some(theirs) = conflict_in(&answers) {
+        if let Some(refusal) = self.refusal(&answers) {
             self.give_back(name, &req.token, timeout, &answers).await;
-            return Err(self.nodes[0].conflict(theirs));
+            return Err(refusal);
         }
         if let Some(slot) = chosen {
             let fences = votes(&answers, slot);

@@ -22,7 +22,8 @@ fn bad(what: &str, v: &Value) -> ParsingError {
 }
 
 /// The acquire script's answer: `{1, fence, slot, free}`,
-/// `{0, host, pid, since_ms, fence, pttl, slot, slots}` or `{2, theirs}`.
+/// `{0, host, pid, since_ms, fence, pttl, slot, slots}`, `{2, theirs}` or
+/// `{3, policy, maxmemory}` (see [`Checked`] for the `{4, why, answer}` around it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AcquireReply {
     /// Ours.
@@ -39,6 +40,14 @@ pub enum AcquireReply {
     Busy(Holder),
     /// A live holder was taken with this other N of `--slots`; nothing was written.
     Conflict(u32),
+    /// The server may evict the lock (`maxmemory` set, `maxmemory-policy` not
+    /// `noeviction`) and `--allow-eviction` was not given; nothing was written.
+    Evicting {
+        /// The server's `maxmemory-policy`.
+        policy: String,
+        /// The server's `maxmemory`, in bytes (never 0).
+        maxmemory: u64,
+    },
 }
 
 impl FromRedisValue for AcquireReply {
@@ -54,10 +63,47 @@ impl FromRedisValue for AcquireReply {
             }),
             Some((Value::Int(0), rest)) => Ok(AcquireReply::Busy(holder(rest)?)),
             Some((Value::Int(2), [theirs])) => Ok(AcquireReply::Conflict(slot_count(theirs)?)),
+            Some((Value::Int(3), [policy, maxmemory])) => Ok(AcquireReply::Evicting {
+                policy: policy_name(policy)?,
+                maxmemory: match number(maxmemory)? {
+                    0 => return Err(bad("a maxmemory of 0 that may evict", &v)),
+                    n => n,
+                },
+            }),
             _ => Err(bad(
-                "neither {1, fence, slot, free}, {0, holder} nor {2, slots}",
+                "neither {1, fence, slot, free}, {0, holder}, {2, slots} nor {3, policy, maxmemory}",
                 &v,
             )),
+        }
+    }
+}
+
+/// The acquire script's whole answer: the [`AcquireReply`], and, when the server would
+/// not let the script read `INFO` for the eviction check (`{4, why, answer}`), why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checked {
+    /// The answer proper.
+    pub reply: AcquireReply,
+    /// The server's error when the eviction check could not be made (the answer then
+    /// stands as if the server could not evict).
+    pub unchecked: Option<String>,
+}
+
+impl FromRedisValue for Checked {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        match v {
+            Value::Array(items) if items.first() == Some(&Value::Int(4)) => {
+                let [_, why, answer] = <[Value; 3]>::try_from(items)
+                    .map_err(|items| bad("not {4, why, answer}", &Value::Array(items)))?;
+                Ok(Checked {
+                    unchecked: Some(text(&why)?),
+                    reply: AcquireReply::from_redis_value(answer)?,
+                })
+            }
+            v => Ok(Checked {
+                reply: AcquireReply::from_redis_value(v)?,
+                unchecked: None,
+            }),
         }
     }
 }
@@ -186,6 +232,17 @@ fn free_map(v: &Value) -> Result<Vec<bool>, ParsingError> {
         .collect()
 }
 
+/// A `maxmemory-policy` as INFO spells it: a short word of letters, digits, `-`, `_`
+/// (it goes into an error line).
+fn policy_name(v: &Value) -> Result<String, ParsingError> {
+    let name = text(v)?;
+    let ok = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    if name.is_empty() || name.len() > 64 || !name.chars().all(ok) {
+        return Err(bad("not a maxmemory-policy", v));
+    }
+    Ok(name)
+}
+
 fn text(v: &Value) -> Result<String, ParsingError> {
     match v {
         Value::BulkString(b) => Ok(String::from_utf8_lossy(b).into_owned()),
@@ -284,6 +341,77 @@ mod tests {
             assert!(
                 parse::<AcquireReply>(Script::Acquire, v).is_err(),
                 "{theirs:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_server_that_may_evict_is_named_with_its_policy() {
+        for maxmemory in [Value::Int(10_485_760), bulk("10485760")] {
+            let v = Value::Array(vec![Value::Int(3), bulk("allkeys-lru"), maxmemory]);
+            assert_eq!(
+                parse::<AcquireReply>(Script::Acquire, v),
+                Ok(AcquireReply::Evicting {
+                    policy: "allkeys-lru".into(),
+                    maxmemory: 10_485_760
+                })
+            );
+        }
+        for (policy, maxmemory) in [
+            (bulk("allkeys-lru"), bulk("0")),
+            (bulk("allkeys-lru"), bulk("-1")),
+            (bulk(""), bulk("1")),
+            (bulk("volatile lru; rm"), bulk("1")),
+            (bulk(&"x".repeat(65)), bulk("1")),
+            (Value::Nil, bulk("1")),
+        ] {
+            let v = Value::Array(vec![Value::Int(3), policy, maxmemory]);
+            assert!(
+                parse::<AcquireReply>(Script::Acquire, v.clone()).is_err(),
+                "{v:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unchecked_answer_carries_the_servers_reason_around_the_answer() {
+        let ok = Value::Array(vec![Value::Int(1), bulk("9"), Value::Int(0), bulk("1")]);
+        let plain = parse::<Checked>(Script::Acquire, ok.clone()).unwrap();
+        assert_eq!(plain.unchecked, None);
+        assert!(matches!(
+            plain.reply,
+            AcquireReply::Acquired {
+                fencing_token: 9,
+                ..
+            }
+        ));
+        let why = bulk("ERR The user executing the script can't run this command");
+        let wrapped = Value::Array(vec![Value::Int(4), why.clone(), ok.clone()]);
+        let got = parse::<Checked>(Script::Acquire, wrapped).unwrap();
+        assert!(got.unchecked.unwrap().contains("can't run"));
+        assert_eq!(got.reply, plain.reply);
+        let busy_wrapped = Value::Array(vec![Value::Int(4), why.clone(), busy(0, 1)]);
+        let got = parse::<Checked>(Script::Acquire, busy_wrapped).unwrap();
+        assert!(matches!(got.reply, AcquireReply::Busy(_)) && got.unchecked.is_some());
+        // Only one wrapping, around a well-formed answer; an Acquired answer is never one.
+        let twice = Value::Array(vec![
+            Value::Int(4),
+            why.clone(),
+            Value::Array(vec![Value::Int(4), why.clone(), ok.clone()]),
+        ]);
+        for v in [
+            twice,
+            Value::Array(vec![Value::Int(4), why.clone()]),
+            Value::Array(vec![Value::Int(4), Value::Nil, ok.clone()]),
+            Value::Array(vec![Value::Int(4), why, Value::Int(1)]),
+        ] {
+            assert!(
+                parse::<Checked>(Script::Acquire, v.clone()).is_err(),
+                "{v:?}"
+            );
+            assert!(
+                parse::<AcquireReply>(Script::Acquire, v.clone()).is_err(),
+                "{v:?}"
             );
         }
     }

@@ -37,7 +37,8 @@ pub const FENCE_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Script {
     /// Take the lowest free slot (or the one asked for), or say who holds them (and
-    /// queue a waiter); refuse a holder of another N.
+    /// queue a waiter); refuse a holder of another N, and a server that may evict the
+    /// lock (its `INFO memory`) unless allowed.
     Acquire,
     /// Extend our lease if the stored token is ours (in the slot taken, or any).
     Renew,

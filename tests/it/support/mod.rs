@@ -3,8 +3,9 @@
 //! - `process`: running the real `lockrun` binary, waiting for it, looking at processes
 //!   through `/proc`; `scratch`: a temporary directory for marker, pid and history files;
 //! - servers of the test's own on free ports: `redis` (plain, password, TLS, ACL users),
-//!   `sentinel` (master, replica and Sentinel), `etcd`, `pg` (private PostgreSQL clusters,
-//!   and a fresh lock table in one); `tls` makes their certificates;
+//!   `sentinel` (master, replica and Sentinel), `cluster` (a Redis Cluster of 3 masters
+//!   and 3 replicas), `etcd`, `pg` (private PostgreSQL clusters, and a fresh lock table
+//!   in one); `tls` makes their certificates;
 //! - `proxy`: the fault-injecting TCP proxy (pass, blackhole, cut, refuse, latency, held
 //!   back requests, traffic watching); `clock`: the boot clock and a fake wall clock;
 //! - `backends`: every backend behind one interface, for the conformance suite (the
@@ -20,6 +21,7 @@
 
 mod backends;
 mod clock;
+mod cluster;
 mod etcd;
 mod history;
 mod nutcracker;
@@ -38,6 +40,7 @@ use std::time::Duration;
 
 pub use backends::{Backend, FileService, Postgres, Quorum, SentinelService, Service};
 pub use clock::{boottime, FakeClock};
+pub use cluster::RedisCluster;
 pub use etcd::{etcd_key, etcd_slot_key, EtcdServer};
 pub use history::{
     crowded, most_inside, overlaps, reused_tokens, slot_overlaps, Sections, SlotSections, SlotSpan,
@@ -49,7 +52,7 @@ pub use process::*;
 pub use proxy::{Mode, Proxy, Watch, Watcher};
 pub use redis::{fence_key, limit_key, lock_key, slot_key, waiter_key, RedisServer};
 pub use scratch::{wait_line, wait_pid, Scratch};
-pub use sentinel::Sentinel;
+pub use sentinel::{Security, Sentinel};
 pub use serial::alone;
 pub use tls::TlsFiles;
 pub use zookeeper::{ZkEnsemble, ZkServer};

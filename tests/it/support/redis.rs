@@ -79,6 +79,16 @@ impl RedisServer {
         })
     }
 
+    /// Starts a server that requires `password`, with extra command line arguments; a
+    /// [`RedisServer::restart`] keeps both.
+    pub fn with_password_and_args(password: &str, args: &[String]) -> Self {
+        Self::start_with(Setup {
+            password: Some(password.to_string()),
+            args: args.to_vec(),
+            ..Setup::default()
+        })
+    }
+
     fn start_with(setup: Setup) -> Self {
         serial::side_by_side();
         let dir = tempfile::Builder::new()
@@ -146,9 +156,18 @@ impl RedisServer {
             .id() as i32
     }
 
+    /// True until [`RedisServer::kill`]ed.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
     /// SIGKILLs the server and reaps it.
     pub fn kill(&mut self) {
-        *self.con.lock().unwrap() = None;
+        // Not `unwrap`: a query that panicked poisoned it, and this runs in `Drop`.
+        *self
+            .con
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();

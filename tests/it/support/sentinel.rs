@@ -2,24 +2,48 @@
 //! on a free port. The master sits behind a [`Proxy`] that everyone reaches it through
 //! (lockrun, the replica and the Sentinel, which hands out the proxy's address), so a
 //! fault of that proxy is a fault of the master for all of them.
+//!
+//! [`Security`] adds passwords (the master's and replica's `requirepass`, the Sentinel's
+//! own `requirepass`) and TLS (every server and the Sentinel listen with TLS and
+//! replicate and monitor over it, `tls-replication yes`; each keeps a plain port for
+//! the test's own look).
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use tempfile::TempDir;
 
-use super::{free_port, serial, wait_until, Proxy, RedisServer, WAIT};
+use super::{free_port, serial, wait_until, Proxy, RedisServer, TlsFiles, WAIT};
 
 /// The name the Sentinel monitors the master under.
 const MASTER_NAME: &str = "mymaster";
+
+/// How a deployment is secured; the default: not at all.
+#[derive(Default)]
+pub struct Security {
+    /// `requirepass` of the master and the replica (the replica's `masterauth`, the
+    /// Sentinel's `sentinel auth-pass`).
+    pub master_password: Option<String>,
+    /// The Sentinel's own `requirepass`.
+    pub sentinel_password: Option<String>,
+    /// An ACL user of the Sentinel's (name, password) that may do everything, with its
+    /// default user switched off.
+    pub sentinel_user: Option<(String, String)>,
+    /// TLS with these files everywhere (`tls-replication yes`).
+    pub tls: Option<TlsFiles>,
+}
 
 /// A master, its replica and a Sentinel watching them.
 pub struct Sentinel {
     master: RedisServer,
     master_proxy: Proxy,
     replica: RedisServer,
+    /// The replica's port as the Sentinel knows it (its TLS port with TLS).
+    replica_port: u16,
     sentinel: Child,
     sentinel_port: u16,
+    sentinel_tls_port: Option<u16>,
+    security: Security,
     _dir: TempDir,
 }
 
@@ -27,35 +51,74 @@ impl Sentinel {
     /// Starts the three and waits until the Sentinel knows the master and its replica.
     /// The Sentinel fails the master over once it has not answered for `down_after`.
     pub fn start(down_after: Duration) -> Sentinel {
+        Sentinel::start_secured(down_after, Security::default())
+    }
+
+    /// [`Sentinel::start`], with passwords and TLS as `security` says.
+    pub fn start_secured(down_after: Duration, security: Security) -> Sentinel {
         serial::side_by_side();
         let dir = tempfile::tempdir().expect("create sentinel dir");
+        let tls_args = |port: Option<u16>| -> Vec<String> {
+            match (&security.tls, port) {
+                (Some(tls), Some(port)) => {
+                    let mut args = tls.server_args(port);
+                    args.extend(["--tls-replication".into(), "yes".into()]);
+                    args
+                }
+                _ => Vec::new(),
+            }
+        };
+        let server = |args: &[String]| match &security.master_password {
+            Some(pw) => RedisServer::with_password_and_args(pw, args),
+            None => RedisServer::with_args(args),
+        };
+        let master_tls_port = security.tls.as_ref().map(|_| free_port());
         // Full syncs at once: by default a master waits 5 s for more replicas to sync.
-        let master = RedisServer::with_args(&["--repl-diskless-sync-delay".into(), "0".into()]);
-        let master_proxy = Proxy::start(master.port());
-        let replica = RedisServer::with_args(&[
+        let mut master_args = vec!["--repl-diskless-sync-delay".into(), "0".into()];
+        master_args.extend(tls_args(master_tls_port));
+        let master = server(&master_args);
+        let master_proxy = Proxy::start(master_tls_port.unwrap_or(master.port()));
+        let replica_tls_port = security.tls.as_ref().map(|_| free_port());
+        let mut replica_args = vec![
             "--replicaof".into(),
             "127.0.0.1".into(),
             master_proxy.port().to_string(),
-        ]);
+        ];
+        if let Some(pw) = &security.master_password {
+            replica_args.extend(["--masterauth".into(), pw.clone()]);
+        }
+        replica_args.extend(tls_args(replica_tls_port));
+        let replica = server(&replica_args);
         wait_until("the replica is in sync", WAIT, || {
             let info: String = replica.query(redis::cmd("INFO").arg("replication"));
             info.contains("master_link_status:up")
         });
         let sentinel_port = free_port();
+        let sentinel_tls_port = security.tls.as_ref().map(|_| free_port());
+        let mut conf_text = format!(
+            "port {sentinel_port}\nbind 127.0.0.1\ndir {}\n\
+             sentinel monitor {MASTER_NAME} 127.0.0.1 {} 1\n\
+             sentinel down-after-milliseconds {MASTER_NAME} {}\n\
+             sentinel failover-timeout {MASTER_NAME} 2000\n",
+            dir.path().display(),
+            master_proxy.port(),
+            down_after.as_millis()
+        );
+        if let Some(pw) = &security.master_password {
+            conf_text += &format!("sentinel auth-pass {MASTER_NAME} {pw}\n");
+        }
+        if let Some(pw) = &security.sentinel_password {
+            conf_text += &format!("requirepass {pw}\n");
+        }
+        if let Some((user, pw)) = &security.sentinel_user {
+            conf_text += &format!("user {user} on >{pw} +@all\nuser default off\n");
+        }
+        let args = tls_args(sentinel_tls_port);
+        for pair in args.chunks(2) {
+            conf_text += &format!("{} {}\n", pair[0].trim_start_matches("--"), pair[1]);
+        }
         let conf = dir.path().join("sentinel.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "port {sentinel_port}\nbind 127.0.0.1\ndir {}\n\
-                 sentinel monitor {MASTER_NAME} 127.0.0.1 {} 1\n\
-                 sentinel down-after-milliseconds {MASTER_NAME} {}\n\
-                 sentinel failover-timeout {MASTER_NAME} 2000\n",
-                dir.path().display(),
-                master_proxy.port(),
-                down_after.as_millis()
-            ),
-        )
-        .expect("write sentinel.conf");
+        std::fs::write(&conf, conf_text).expect("write sentinel.conf");
         let sentinel = Command::new("redis-server")
             .arg(&conf)
             .arg("--sentinel")
@@ -67,9 +130,12 @@ impl Sentinel {
         let cluster = Sentinel {
             master,
             master_proxy,
+            replica_port: replica_tls_port.unwrap_or(replica.port()),
             replica,
             sentinel,
             sentinel_port,
+            sentinel_tls_port,
+            security,
             _dir: dir,
         };
         wait_until(
@@ -87,9 +153,27 @@ impl Sentinel {
         cluster
     }
 
-    /// `redis+sentinel://127.0.0.1:PORT/mymaster` with the Sentinel's own port.
+    /// `redis+sentinel://127.0.0.1:PORT/mymaster` with the Sentinel's own port
+    /// (`rediss+sentinel://` and its TLS port with TLS), without a password.
     pub fn url(&self) -> String {
-        self.url_via(self.sentinel_port)
+        self.url_with("")
+    }
+
+    /// [`Sentinel::url`] with `userinfo` (`:password`, `user:password`) in it.
+    pub fn url_with(&self, userinfo: &str) -> String {
+        let at = if userinfo.is_empty() { "" } else { "@" };
+        match self.sentinel_tls_port {
+            Some(port) => format!("rediss+sentinel://{userinfo}{at}127.0.0.1:{port}/{MASTER_NAME}"),
+            None => format!(
+                "redis+sentinel://{userinfo}{at}127.0.0.1:{}/{MASTER_NAME}",
+                self.sentinel_port
+            ),
+        }
+    }
+
+    /// The TLS files of a deployment started with TLS.
+    pub fn tls_files(&self) -> &TlsFiles {
+        self.security.tls.as_ref().expect("started without TLS")
     }
 
     /// The URL that reaches the Sentinel through `port` (a proxy in front of it).
@@ -125,7 +209,7 @@ impl Sentinel {
     /// Kills the master and waits until the Sentinel has promoted the replica.
     pub fn kill_master_and_wait_for_failover(&mut self) {
         self.master.kill();
-        let replica = self.replica.port();
+        let replica = self.replica_port;
         wait_until(
             "the Sentinel promoted the replica",
             Duration::from_secs(60),
@@ -145,7 +229,15 @@ impl Sentinel {
 
     /// Asks the Sentinel; `None` when it does not answer (yet).
     fn ask<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Option<T> {
-        let url = format!("redis://127.0.0.1:{}", self.sentinel_port);
+        let auth = match (
+            &self.security.sentinel_user,
+            &self.security.sentinel_password,
+        ) {
+            (Some((user, pw)), _) => format!("{user}:{pw}@"),
+            (None, Some(pw)) => format!(":{pw}@"),
+            (None, None) => String::new(),
+        };
+        let url = format!("redis://{auth}127.0.0.1:{}", self.sentinel_port);
         let client = redis::Client::open(url).ok()?;
         let mut con = client
             .get_connection_with_timeout(Duration::from_secs(1))

@@ -1,11 +1,14 @@
 -- KEYS: fence, queue, alive, limit, then the N slot keys, slot 0 (the plain lock's key)
 --   first.
 -- ARGV: token, ttl_ms, host, pid, waiter_id ('' if not waiting), alive_ms, wanted slot
---   ('' or none: the lowest free one; Redlock asks for one slot in its second round).
+--   ('' or none: the lowest free one; Redlock asks for one slot in its second round),
+--   allow_eviction ('1': --allow-eviction; '' or none: check the server's policy).
 -- Returns {1, fence, slot, free} when acquired (free: one character per slot, '1' where
 -- it was free); {0, host, pid, since_ms, fence, pttl, slot, slots} when busy (the holder
 -- of the wanted slot, or the one whose lease ends first); {2, theirs} when a live holder
--- was taken with another --slots (theirs), and then nothing was written.
+-- was taken with another --slots (theirs), and {3, policy, maxmemory} when the server
+-- may evict the lock: nothing was written then. When the eviction check could not be
+-- made, the acquired or busy answer comes as {4, why, answer}.
 local bad = bad_ms('ttl_ms', ARGV[2], 1) or bad_ms('alive_ms', ARGV[6], 1)
 if bad then return redis.error_reply(bad) end
 local n = #KEYS - 4
@@ -16,6 +19,36 @@ if n < 1 or (wanted ~= '' and not (string.match(wanted, '^%d+$') and #wanted <= 
     n .. ', not ' .. wanted)
 end
 local want = tonumber(wanted)
+-- A server that may evict keys (maxmemory set, a policy other than noeviction; the
+-- volatile-* ones too: the lock has an expiry) may drop the lock while it is held, and
+-- a second holder gets in: refused, before anything is written, unless allowed. INFO
+-- is read here, in the same round trip; a server that will not let the script read it
+-- (an ACL without INFO) is told apart, and the lock is taken.
+-- (A field is found by a plain search for its line: a pattern search would cost more
+-- than INFO itself.)
+local function info_field(info, name)
+  local at = string.find(info, '\n' .. name .. ':', 1, true)
+  return at and string.match(info, '^[%w_%-]+', at + #name + 2)
+end
+local unchecked = nil
+if ARGV[8] ~= '1' then
+  local info = redis.pcall('INFO', 'memory')
+  if type(info) ~= 'string' then
+    unchecked = tostring(type(info) == 'table' and info.err or info)
+  else
+    local max = info_field(info, 'maxmemory')
+    local policy = info_field(info, 'maxmemory_policy')
+    if not (max and string.match(max, '^%d+$') and policy) then
+      unchecked = 'INFO memory shows no maxmemory or maxmemory_policy'
+    elseif tonumber(max) ~= 0 and policy ~= 'noeviction' then
+      return {3, policy, max}
+    end
+  end
+end
+local function answer(reply)
+  if unchecked then return {4, unchecked, reply} end
+  return reply
+end
 -- Every holder must have been taken with this N: two limits for one name would let
 -- more in than the smaller one. Checked before anything is written.
 local theirs = redis.call('GET', KEYS[4])
@@ -68,7 +101,7 @@ if free == nil then
     end
   end
   local h = redis.call('HMGET', KEYS[5 + slot], 'host', 'pid', 'since_ms', 'fence')
-  return {0, h[1] or '', h[2] or '0', h[3] or '0', h[4] or '0', pttl, slot, n}
+  return answer({0, h[1] or '', h[2] or '0', h[3] or '0', h[4] or '0', pttl, slot, n})
 end
 -- The fencing token never goes below the server clock in microseconds, so it keeps
 -- growing after the counter was lost (expired, restart without data, FLUSHALL), and
@@ -101,4 +134,4 @@ else
 end
 redis.call('PEXPIRE', key, ARGV[2])
 if n > 1 then cover_limit(KEYS[4], n, ARGV[2]) end
-return {1, fs, free, table.concat(free_map)}
+return answer({1, fs, free, table.concat(free_map)})
