@@ -115,14 +115,11 @@ pub fn describe_in(e: &RedisError, ctx: &Context<'_>, script: Option<Script>) ->
         | ErrorKind::Extension
         | ErrorKind::UnexpectedReturnType
         | ErrorKind::Parse => refused(format!("answered with an error: {code} {detail}")),
-        ErrorKind::InvalidClientConfig | ErrorKind::RESP3NotSupported => refused(format!(
-            "cannot be used: {}",
-            if e.kind() == ErrorKind::RESP3NotSupported {
-                "--wait needs Redis 6 or later"
-            } else {
-                "bad client configuration"
-            }
-        )),
+        // lockrun speaks RESP2 only (it never sends HELLO), so a server without RESP3
+        // is no reason to refuse; the client library's kind is kept for completeness.
+        ErrorKind::InvalidClientConfig | ErrorKind::RESP3NotSupported => {
+            refused("cannot be used: bad client configuration".to_owned())
+        }
         _ => match tls_line(e, ctx) {
             Some(line) => refused(line),
             None => {
