@@ -801,15 +801,13 @@ fn a_killed_head_of_the_queue_lets_the_next_waiter_on() {
     let freed = Instant::now();
     holders[1].1.touch("go");
     holders[1].0.wait().assert_code(0);
-    wait_until("the second waiter runs", WAIT, || {
-        waiters[1].1.exists("started")
-    });
+    // The whole line: the file exists before `echo` has written into it.
+    let slot = wait_line(&waiters[1].1.path("started"));
     assert!(
         freed.elapsed() < Duration::from_secs(2),
         "{:?}",
         freed.elapsed()
     );
-    let slot = waiters[1].1.read("started");
     assert_eq!(
         slot.split(' ').next(),
         Some("1"),
