@@ -6,7 +6,7 @@
 //! - `examples`: every `lockrun` command line in the man page's EXAMPLES, the README,
 //!   the Kubernetes CronJob and the systemd unit parses with the current options;
 //! - `fencing`: the fencing examples (`packaging/examples/`) run under lockrun against a
-//!   real Redis and the machine's PostgreSQL, and refuse a stale token; the README shows
+//!   Redis and PostgreSQL servers of their own, and refuse a stale token; the README shows
 //!   them as they are;
 //! - `acl`: the README and the man page state the Redis ACL rule as the code has it.
 //!
