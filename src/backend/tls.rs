@@ -199,15 +199,38 @@ fn root_store(roots: Roots<'_>) -> Result<RootCertStore, ConfigError> {
     Ok(store)
 }
 
+/// What was wrong with a certificate in a TLS handshake ([`certificate_problem_kind`]),
+/// for the hint that goes with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CertProblem {
+    /// The server's certificate is not from a trusted CA.
+    UnknownIssuer,
+    /// The server's certificate does not name the host connected to.
+    WrongName,
+    /// The server's certificate has expired or is not valid yet.
+    Dates,
+    /// The server wants a client certificate and none was given.
+    ClientCertWanted,
+    /// The server refused the client certificate.
+    ClientCertRefused,
+    /// Anything else about the server's certificate.
+    Other,
+}
+
 /// The server's refused certificate (or our refused client certificate) found in the
 /// source chain of `err`, in a few words; `None` when no certificate was refused.
 pub fn certificate_problem(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    certificate_problem_kind(err).map(|(_, words)| words)
+}
+
+/// [`certificate_problem`], with its kind.
+pub fn certificate_problem_kind(
+    err: &(dyn std::error::Error + 'static),
+) -> Option<(CertProblem, String)> {
     let mut next = Some(err);
     while let Some(e) = next {
-        if let Some(tls) = as_rustls(e) {
-            if let Some(line) = rustls_problem(tls) {
-                return Some(line);
-            }
+        if let Some(found) = as_rustls(e).and_then(rustls_problem) {
+            return Some(found);
         }
         // io::Error's source() skips the error it wraps: look inside first.
         next = match e
@@ -229,64 +252,77 @@ fn as_rustls<'e>(e: &'e (dyn std::error::Error + 'static)) -> Option<&'e rustls:
 }
 
 /// The words for a rustls error about a certificate, if it is one.
-fn rustls_problem(e: &rustls::Error) -> Option<String> {
+fn rustls_problem(e: &rustls::Error) -> Option<(CertProblem, String)> {
+    use CertProblem::*;
     const SERVER: &str = "the server's certificate";
     Some(match e {
         rustls::Error::InvalidCertificate(c) => match c {
-            CertificateError::UnknownIssuer => format!("{SERVER} is signed by an unknown CA"),
-            CertificateError::NotValidForNameContext {
-                expected,
-                presented,
-            } => {
+            CertificateError::UnknownIssuer => {
+                (UnknownIssuer, format!("{SERVER} is signed by an unknown CA"))
+            }
+            CertificateError::NotValidForNameContext { expected, presented } => {
                 let names = if presented.is_empty() {
                     "none".to_owned()
                 } else {
                     presented.join(", ")
                 };
-                format!(
-                    "{SERVER} is not valid for the host name {} (it names: {names})",
-                    show_name(expected)
+                (
+                    WrongName,
+                    format!(
+                        "{SERVER} is not valid for the host name {} (it names: {names})",
+                        show_name(expected)
+                    ),
                 )
             }
             CertificateError::NotValidForName => {
-                format!("{SERVER} is not valid for the host name")
+                (WrongName, format!("{SERVER} is not valid for the host name"))
             }
             CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
-                format!("{SERVER} has expired")
+                (Dates, format!("{SERVER} has expired"))
             }
             CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
-                format!("{SERVER} is not valid yet (check the clocks)")
+                (Dates, format!("{SERVER} is not valid yet (check the clocks)"))
             }
-            CertificateError::Revoked => format!("{SERVER} has been revoked"),
-            CertificateError::BadSignature => format!(
-                "{SERVER} has a signature its trusted CA did not make (another CA of the same name?)"
+            CertificateError::Revoked => (Other, format!("{SERVER} has been revoked")),
+            CertificateError::BadSignature => (
+                UnknownIssuer,
+                format!(
+                    "{SERVER} has a signature its trusted CA did not make (another CA of the same name?)"
+                ),
             ),
-            CertificateError::BadEncoding => format!("{SERVER} cannot be decoded"),
-            CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. } => {
-                format!("{SERVER} is not for a TLS server (its extended key usage)")
-            }
-            other => format!("{SERVER} was refused: {other:?}"),
+            CertificateError::BadEncoding => (Other, format!("{SERVER} cannot be decoded")),
+            CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. } => (
+                Other,
+                format!("{SERVER} is not for a TLS server (its extended key usage)"),
+            ),
+            other => (Other, format!("{SERVER} was refused: {other:?}")),
         },
         rustls::Error::AlertReceived(alert) => match alert {
-            AlertDescription::CertificateRequired => {
-                "the server asked for a client certificate".to_owned()
-            }
+            AlertDescription::CertificateRequired => (
+                ClientCertWanted,
+                "the server asked for a client certificate".to_owned(),
+            ),
             AlertDescription::UnknownCA
             | AlertDescription::BadCertificate
             | AlertDescription::CertificateUnknown
             | AlertDescription::UnsupportedCertificate
-            | AlertDescription::AccessDenied => {
-                "the server refused the client certificate".to_owned()
-            }
-            AlertDescription::CertificateExpired => {
-                "the server refused the client certificate: it has expired".to_owned()
-            }
-            AlertDescription::CertificateRevoked => {
-                "the server refused the client certificate: it has been revoked".to_owned()
-            }
+            | AlertDescription::AccessDenied => (
+                ClientCertRefused,
+                "the server refused the client certificate".to_owned(),
+            ),
+            AlertDescription::CertificateExpired => (
+                ClientCertRefused,
+                "the server refused the client certificate: it has expired".to_owned(),
+            ),
+            AlertDescription::CertificateRevoked => (
+                ClientCertRefused,
+                "the server refused the client certificate: it has been revoked".to_owned(),
+            ),
             _ => return None,
         },
-        rustls::Error::NoCertificatesPresented => "the server presented no certificate".to_owned(),
+        rustls::Error::NoCertificatesPresented => {
+            (Other, "the server presented no certificate".to_owned())
+        }
         _ => return None,
     })
 }
@@ -399,37 +435,11 @@ impl ServerCertVerifier for EncryptOnly {
     }
 }
 
+/// Throw-away certificates for the unit tests, made with the `openssl` command.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn half_a_client_pair_is_refused_and_keys_are_never_printed() {
-        let dir = tempfile::tempdir().unwrap();
-        let cert = dir.path().join("c.pem");
-        std::fs::write(&cert, "SECRET-KEY-MATERIAL").unwrap();
-        let path = cert.display().to_string();
-        let only_cert = |v: &str| (v == "LOCKRUN_TLS_CERT").then(|| path.clone());
-        assert_eq!(
-            TlsFiles::from_env(&only_cert).unwrap_err(),
-            ConfigError::TlsHalfPair
-        );
-        let both = |v: &str| v.starts_with("LOCKRUN_TLS_").then(|| path.clone());
-        let files = TlsFiles::from_env(&both).unwrap();
-        assert!(files.ca.is_some() && files.client.is_some());
-        assert!(!format!("{files:?}").contains("SECRET"));
-        let missing = |v: &str| (v == "LOCKRUN_TLS_CA").then(|| "/nonexistent/ca".to_owned());
-        assert!(matches!(
-            TlsFiles::from_env(&missing),
-            Err(ConfigError::TlsFile {
-                var: "LOCKRUN_TLS_CA",
-                ..
-            })
-        ));
-    }
-
+pub(crate) mod testing {
     /// Runs `openssl ARGS` in `dir`.
-    fn openssl(dir: &std::path::Path, args: &[&str]) {
+    pub(crate) fn openssl(dir: &std::path::Path, args: &[&str]) {
         let out = std::process::Command::new("openssl")
             .args(args)
             .current_dir(dir)
@@ -444,7 +454,7 @@ mod tests {
 
     /// A CA (`NAME.pem`) and a server certificate it signed (`NAME-server.pem`,
     /// `.key`) for `san`, as EC keys (quick to make).
-    fn ca_and_server(dir: &std::path::Path, name: &str, san: &str) {
+    pub(crate) fn ca_and_server(dir: &std::path::Path, name: &str, san: &str) {
         let ec = [
             "-newkey",
             "ec",
@@ -489,6 +499,37 @@ mod tests {
             ],
         );
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
+
+    #[test]
+    fn half_a_client_pair_is_refused_and_keys_are_never_printed() {
+        let dir = tempfile::tempdir().unwrap();
+        let cert = dir.path().join("c.pem");
+        std::fs::write(&cert, "SECRET-KEY-MATERIAL").unwrap();
+        let path = cert.display().to_string();
+        let only_cert = |v: &str| (v == "LOCKRUN_TLS_CERT").then(|| path.clone());
+        assert_eq!(
+            TlsFiles::from_env(&only_cert).unwrap_err(),
+            ConfigError::TlsHalfPair
+        );
+        let both = |v: &str| v.starts_with("LOCKRUN_TLS_").then(|| path.clone());
+        let files = TlsFiles::from_env(&both).unwrap();
+        assert!(files.ca.is_some() && files.client.is_some());
+        assert!(!format!("{files:?}").contains("SECRET"));
+        let missing = |v: &str| (v == "LOCKRUN_TLS_CA").then(|| "/nonexistent/ca".to_owned());
+        assert!(matches!(
+            TlsFiles::from_env(&missing),
+            Err(ConfigError::TlsFile {
+                var: "LOCKRUN_TLS_CA",
+                ..
+            })
+        ));
+    }
 
     fn cert(dir: &std::path::Path, file: &str) -> CertificateDer<'static> {
         CertificateDer::from_pem_file(dir.join(file)).unwrap()
@@ -514,7 +555,7 @@ mod tests {
         let check = |v: &dyn ServerCertVerifier, c: &CertificateDer<'_>, n: &str| {
             v.verify_server_cert(c, &[], &name(n), &[], now)
                 .map(|_| ())
-                .map_err(|e| rustls_problem(&e).unwrap())
+                .map_err(|e| rustls_problem(&e).unwrap().1)
         };
         assert_eq!(check(&*full, &good, "db.example"), Ok(()));
         assert_eq!(check(&*full, &good, "127.0.0.1"), Ok(()));
