@@ -78,7 +78,7 @@ pub(super) fn describe(e: &tokio_postgres::Error, at: &str, table: &str) -> Back
     if reason.text.contains("server does not support TLS") {
         return refused(
             "does not offer TLS, which the URL's sslmode requires: turn ssl on in its \
-             postgresql.conf, or use sslmode=prefer"
+             postgresql.conf (ssl = on, ssl_cert_file, ssl_key_file)"
                 .to_owned(),
         );
     }

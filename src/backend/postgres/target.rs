@@ -28,7 +28,7 @@ use crate::config::{BackendConfig, ConfigError};
 /// The table line of PostgreSQL.
 pub const KIND: Kind = Kind {
     schemes: &["postgres", "postgresql"],
-    usage: "postgres://[user[:pass]@]host[:port][,host[:port]...]/db[?sslmode=...&sslrootcert=...] (or postgresql://)",
+    usage: "postgres://[user[:pass]@]host[:port]/db[?sslmode=...] (or postgresql://)",
     parse: |url, ctx| Ok(Arc::new(parse(url, ctx)?)),
 };
 
@@ -224,8 +224,8 @@ fn split_params(url: &str) -> Result<(String, LibpqParams), ConfigError> {
             }
             k => {
                 return Err(ConfigError::Backend(format!(
-                    "the PostgreSQL URL has the parameter {:?}, which lockrun does not know \
-                     (see `lockrun --help` for the PostgreSQL URL's parameters)",
+                    "the PostgreSQL URL has the parameter {:?}, which lockrun does not support \
+                     (see the PostgreSQL URL's parameters in the README or lockrun(1))",
                     k.chars().take(32).collect::<String>()
                 )))
             }
