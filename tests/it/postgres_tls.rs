@@ -718,6 +718,26 @@ fn every_refused_tls_or_authentication_setup_is_one_line_saying_what_to_set() {
         );
     }
 
+    // Channel binding with a certificate signed with SHA-384: the end point is hashed
+    // with SHA-384 (RFC 5929), as the server hashes it.
+    let (sha384, sha384_key) = s.ca.issue_signed(
+        "sha384",
+        "pg-sha384",
+        "subjectAltName=IP:127.0.0.1",
+        false,
+        "sha384",
+    );
+    s.pg.swap_server_cert(&sha384, &sha384_key, "pg-sha384");
+    let url = full("scramuser", "127.0.0.1", "&channel_binding=require");
+    let cmd = s.lockrun(
+        &url,
+        "lockrun_tls_errors",
+        "job",
+        &pw(PASSWORD),
+        &scratch.path("ran"),
+    );
+    run(cmd).assert_code(0);
+
     // No TLS at the server.
     s.pg.ssl_off();
     for query in [

@@ -124,6 +124,12 @@ fn auth_line(msg: &str) -> String {
             "refused the client certificate for this user ({msg}): its CN must be the user \
              name (or be mapped to it in pg_ident.conf)"
         )
+    } else if msg.contains("channel binding") {
+        format!(
+            "refused the channel binding ({msg}): the TLS session does not end at the \
+             server (a TLS-terminating proxy, or a man in the middle); connect to the \
+             server itself, or leave channel_binding out"
+        )
     } else if msg.contains("no pg_hba.conf entry") && msg.contains("no encryption") {
         format!(
             "has no pg_hba.conf line for this connection without TLS ({msg}): use \
@@ -177,5 +183,38 @@ fn reason(e: &tokio_postgres::Error) -> Reason {
     Reason {
         text: text.replace('\n', " "),
         is_io: e.is_closed(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn authentication_refusals_say_what_to_change() {
+        let cases = [
+            (
+                "connection requires a valid client certificate",
+                "sslcert=FILE and sslkey=FILE",
+            ),
+            (
+                "certificate authentication failed for user \"app\"",
+                "its CN must be the user name",
+            ),
+            ("SCRAM channel binding check failed", "man in the middle"),
+            (
+                "no pg_hba.conf entry for host \"10.0.0.1\", user \"app\", database \"db\", no encryption",
+                "use sslmode=require",
+            ),
+            (
+                "no pg_hba.conf entry for host \"10.0.0.1\", user \"app\", database \"db\", SSL encryption",
+                "add one for it",
+            ),
+            ("Ident authentication failed", "check the user and password"),
+        ];
+        for (msg, says) in cases {
+            let line = auth_line(msg);
+            assert!(line.contains(says) && line.contains(msg), "{line}");
+        }
     }
 }

@@ -129,6 +129,18 @@ impl TestCa {
     /// day in 2020; returns its certificate and key (mode 0600, as libpq wants), named
     /// after `file`.
     pub fn issue(&self, file: &str, cn: &str, ext: &str, expired: bool) -> (PathBuf, PathBuf) {
+        self.issue_signed(file, cn, ext, expired, "sha256")
+    }
+
+    /// [`TestCa::issue`], signed with the digest `digest` (`sha256`, `sha384`, ...).
+    pub fn issue_signed(
+        &self,
+        file: &str,
+        cn: &str,
+        ext: &str,
+        expired: bool,
+        digest: &str,
+    ) -> (PathBuf, PathBuf) {
         let d = self.dir.path();
         fs::write(d.join(format!("{file}.ext")), format!("{ext}\n")).unwrap();
         let mut req = Command::new("openssl");
@@ -139,7 +151,7 @@ impl TestCa {
         succeed(req, "openssl req");
         let sign = format!(
             "x509 -req -in {file}.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out \
-             {file}.pem -days {} -extfile {file}.ext",
+             {file}.pem -days {} -extfile {file}.ext -{digest}",
             if expired { 1 } else { 2 }
         );
         let mut x509 = if expired {
