@@ -76,8 +76,13 @@ pub enum ServerCheck {
     /// The chain up to a trusted root, its dates and purpose; any name (libpq `verify-ca`).
     Chain,
     /// The chain and the host name, or an IP address against the certificate's IP
-    /// addresses (libpq `verify-full`).
+    /// addresses (RFC 6125; what Go and browsers do).
     ChainAndName,
+    /// libpq's `verify-full`: [`ServerCheck::ChainAndName`], except that a certificate
+    /// without a DNS name among its subject alternative names (nor, for an IP address,
+    /// an IP address) may name the host in its subject's common name (CN), where
+    /// `*.example.com` stands for one label.
+    ChainAndNameOrCommonName,
 }
 
 /// Which CAs are trusted.
@@ -106,15 +111,17 @@ pub fn client_config(
         .map_err(|e| ConfigError::Backend(format!("cannot set up TLS: {e}")))?;
     let verifier: Arc<dyn ServerCertVerifier> = match check {
         ServerCheck::EncryptOnly => Arc::new(EncryptOnly(provider.clone())),
-        ServerCheck::Chain | ServerCheck::ChainAndName => {
+        ServerCheck::Chain | ServerCheck::ChainAndName | ServerCheck::ChainAndNameOrCommonName => {
             let store = root_store(roots)?;
             let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider)
                 .build()
                 .map_err(|e| ConfigError::Backend(format!("cannot use the CA file: {e}")))?;
-            if check == ServerCheck::Chain {
-                Arc::new(AnyName(webpki))
-            } else {
-                webpki
+            match check {
+                ServerCheck::Chain => Arc::new(AnyName(webpki, NameRule::Any)),
+                ServerCheck::ChainAndNameOrCommonName => {
+                    Arc::new(AnyName(webpki, NameRule::CommonName))
+                }
+                _ => webpki,
             }
         }
     };
@@ -351,10 +358,18 @@ fn show_name(name: &ServerName<'_>) -> String {
 }
 
 /// Checks the chain as [`WebPkiServerVerifier`] does but accepts any name (libpq
-/// `verify-ca`): webpki checks the chain (issuer, dates, purpose) before the name, so
-/// a name error means the chain was good.
+/// `verify-ca`), or a name in the common name where the alternative names have none
+/// (libpq `verify-full`): webpki checks the chain (issuer, dates, purpose) before the
+/// name, so a name error means the chain was good.
 #[derive(Debug)]
-struct AnyName(Arc<WebPkiServerVerifier>);
+struct AnyName(Arc<WebPkiServerVerifier>, NameRule);
+
+/// What [`AnyName`] accepts when the alternative names do not hold the host.
+#[derive(Debug, PartialEq)]
+enum NameRule {
+    Any,
+    CommonName,
+}
 
 impl ServerCertVerifier for AnyName {
     fn verify_server_cert(
@@ -371,7 +386,16 @@ impl ServerCertVerifier for AnyName {
         {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
+            )) if self.1 == NameRule::Any => Ok(ServerCertVerified::assertion()),
+            Err(rustls::Error::InvalidCertificate(CertificateError::NotValidForNameContext {
+                expected,
+                presented,
+            })) if common_name_applies(&expected, &presented)
+                && subject_common_name(end_entity)
+                    .is_some_and(|cn| common_name_matches(&cn, &show_name(&expected))) =>
+            {
+                Ok(ServerCertVerified::assertion())
+            }
             other => other,
         }
     }
@@ -397,6 +421,85 @@ impl ServerCertVerifier for AnyName {
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.0.supported_verify_schemes()
     }
+}
+
+/// libpq's rule: the CN counts when the alternative names (`presented`, as webpki
+/// shows them) hold no DNS name and, for an IP address, no IP address.
+fn common_name_applies(expected: &ServerName<'_>, presented: &[String]) -> bool {
+    let has = |kind: &str| presented.iter().any(|n| n.starts_with(kind));
+    let is_ip = matches!(expected, ServerName::IpAddress(_));
+    let hidden = has("DnsName(") || (is_ip && has("IpAddress("));
+    !hidden
+}
+
+/// `cn` names `host`: equal, ignoring case, or `*.rest` with `host` one label more
+/// than `rest`.
+fn common_name_matches(cn: &str, host: &str) -> bool {
+    match cn.strip_prefix("*.") {
+        Some(rest) => host
+            .split_once('.')
+            .is_some_and(|(label, tail)| !label.is_empty() && tail.eq_ignore_ascii_case(rest)),
+        None => cn.eq_ignore_ascii_case(host),
+    }
+}
+
+/// The last common name (2.5.4.3) of a DER certificate's subject, if it is text.
+fn subject_common_name(der: &[u8]) -> Option<String> {
+    let (_, certificate, _) = tlv(der)?;
+    let (_, tbs, _) = tlv(certificate)?;
+    let mut rest = tbs;
+    // [0] version (optional), serial, signature, issuer, validity, then the subject.
+    let (tag, _, after) = tlv(rest)?;
+    if tag == 0xa0 {
+        rest = after;
+    }
+    for _ in 0..4 {
+        rest = tlv(rest)?.2;
+    }
+    let (_, mut rdns, _) = tlv(rest)?;
+    let mut found = None;
+    while !rdns.is_empty() {
+        let (_, set, next) = tlv(rdns)?;
+        rdns = next;
+        let mut atvs = set;
+        while !atvs.is_empty() {
+            let (_, atv, next) = tlv(atvs)?;
+            atvs = next;
+            let (oid_tag, oid, value) = tlv(atv)?;
+            let (value_tag, text, _) = tlv(value)?;
+            // UTF8String, PrintableString, T61String, IA5String.
+            if oid_tag == 0x06
+                && oid == [0x55, 0x04, 0x03]
+                && [0x0c, 0x13, 0x14, 0x16].contains(&value_tag)
+            {
+                found = Some(String::from_utf8_lossy(text).into_owned());
+            }
+        }
+    }
+    found
+}
+
+/// One DER element: its tag, its contents and what follows it (`None` where the DER
+/// is cut short or longer than 4 GiB).
+pub(crate) fn tlv(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = der.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |acc, &b| (acc << 8) | usize::from(b));
+        (len, &rest[n..])
+    };
+    if rest.len() < len {
+        return None;
+    }
+    Some((tag, &rest[..len], &rest[len..]))
 }
 
 /// Accepts any server certificate (libpq's `sslmode=require`) but checks that the
@@ -469,49 +572,65 @@ pub(crate) mod testing {
     /// A CA (`NAME.pem`) and a server certificate it signed (`NAME-server.pem`,
     /// `.key`) for `san`, as EC keys (quick to make).
     pub(crate) fn ca_and_server(dir: &std::path::Path, name: &str, san: &str) {
-        let ec = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-        ];
         let ca_key = format!("{name}.key");
         let ca = format!("{name}.pem");
         let subject = format!("/CN=test CA {name}");
         let mut args = vec!["req", "-x509", "-days", "2", "-subj", &subject];
-        args.extend(ec);
+        args.extend(EC);
         args.extend(["-keyout", &ca_key, "-out", &ca]);
         openssl(dir, &args);
-        let key = format!("{name}-server.key");
-        let csr = format!("{name}-server.csr");
-        let pem = format!("{name}-server.pem");
-        let ext = format!("{name}.ext");
-        std::fs::write(dir.join(&ext), format!("subjectAltName={san}\n")).unwrap();
-        let mut args = vec!["req", "-subj", "/CN=test server"];
-        args.extend(ec);
+        issue(
+            dir,
+            name,
+            &format!("{name}-server"),
+            "test server",
+            &format!("subjectAltName={san}"),
+        );
+    }
+
+    const EC: [&str; 5] = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+
+    /// `FILE.pem` and `FILE.key`, from CA `ca` (made by [`ca_and_server`]), with the
+    /// subject `/CN=CN` and the extension line `ext` (`""` for none).
+    pub(crate) fn issue(dir: &std::path::Path, ca: &str, file: &str, cn: &str, ext: &str) {
+        let (key, csr, pem) = (
+            format!("{file}.key"),
+            format!("{file}.csr"),
+            format!("{file}.pem"),
+        );
+        let ext_file = format!("{file}.ext");
+        std::fs::write(dir.join(&ext_file), format!("{ext}\n")).unwrap();
+        let subject = format!("/CN={cn}");
+        let mut args = vec!["req", "-subj", &subject];
+        args.extend(EC);
         args.extend(["-keyout", &key, "-out", &csr]);
         openssl(dir, &args);
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                &ca,
-                "-CAkey",
-                &ca_key,
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-extfile",
-                &ext,
-                "-out",
-                &pem,
-            ],
-        );
+        let (ca_pem, ca_key) = (format!("{ca}.pem"), format!("{ca}.key"));
+        let mut args = vec![
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &ca_pem,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            &pem,
+        ];
+        if !ext.is_empty() {
+            args.extend(["-extfile", &ext_file]);
+        }
+        openssl(dir, &args);
     }
 }
 
@@ -561,7 +680,7 @@ mod tests {
         let full = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider)
             .build()
             .unwrap();
-        let any = AnyName(full.clone());
+        let any = AnyName(full.clone(), NameRule::Any);
         let good = cert(d, "a-server.pem");
         let stranger = cert(d, "b-server.pem");
         let now = UnixTime::now();
@@ -722,5 +841,68 @@ mod tests {
             std::io::ErrorKind::ConnectionRefused,
         )));
         assert_eq!(certificate_problem(&plain), None);
+    }
+
+    #[test]
+    fn libpq_verify_full_reads_the_common_name_only_without_alternative_dns_names() {
+        // An extension, so that the certificate is v3 (webpki refuses v1), but no SAN.
+        const NO_SAN: &str = "basicConstraints=CA:FALSE";
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        ca_and_server(d, "a", "DNS:san.example");
+        issue(d, "a", "cn-only", "db.example", NO_SAN);
+        issue(d, "a", "cn-wild", "*.example.com", NO_SAN);
+        issue(
+            d,
+            "a",
+            "cn-and-san",
+            "db.example",
+            "subjectAltName=DNS:san.example",
+        );
+        issue(d, "a", "cn-ip", "127.0.0.1", NO_SAN);
+        issue(
+            d,
+            "a",
+            "cn-and-ip-san",
+            "127.0.0.1",
+            "subjectAltName=IP:127.0.0.2",
+        );
+        let ca = std::fs::read(d.join("a.pem")).unwrap();
+        let store = root_store(Roots::Pem(&ca)).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let full = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider)
+            .build()
+            .unwrap();
+        let libpq = AnyName(full.clone(), NameRule::CommonName);
+        let ok = |v: &dyn ServerCertVerifier, file: &str, host: &str| {
+            let name = ServerName::try_from(host.to_owned()).unwrap();
+            v.verify_server_cert(&cert(d, file), &[], &name, &[], UnixTime::now())
+                .is_ok()
+        };
+        assert!(ok(&libpq, "cn-only.pem", "db.example"));
+        assert!(ok(&libpq, "cn-only.pem", "DB.Example"));
+        assert!(
+            !ok(&*full, "cn-only.pem", "db.example"),
+            "RFC 6125 ignores the CN"
+        );
+        assert!(!ok(&libpq, "cn-only.pem", "other.example"));
+        assert!(ok(&libpq, "cn-wild.pem", "a.example.com"));
+        assert!(!ok(&libpq, "cn-wild.pem", "a.b.example.com"));
+        assert!(!ok(&libpq, "cn-wild.pem", "example.com"));
+        assert!(
+            !ok(&libpq, "cn-and-san.pem", "db.example"),
+            "a DNS SAN hides the CN"
+        );
+        assert!(ok(&libpq, "cn-and-san.pem", "san.example"));
+        assert!(ok(&libpq, "cn-ip.pem", "127.0.0.1"));
+        assert!(
+            !ok(&libpq, "cn-and-ip-san.pem", "127.0.0.1"),
+            "an IP SAN hides the CN"
+        );
+        assert!(ok(&libpq, "cn-and-ip-san.pem", "127.0.0.2"));
+        // The chain is still checked.
+        ca_and_server(d, "b", "DNS:x");
+        issue(d, "b", "b-cn-only", "db.example", NO_SAN);
+        assert!(!ok(&libpq, "b-cn-only.pem", "db.example"));
     }
 }

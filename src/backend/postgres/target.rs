@@ -14,7 +14,9 @@
 //! then libpq's default files `~/.postgresql/root.crt`, `postgresql.crt` and
 //! `postgresql.key`. As libpq does, a root certificate from any of these makes
 //! `prefer` and `require` check the chain (as `verify-ca`); a chain that fails the
-//! check is an error, never a fall-back to plain text. Any other parameter
+//! check is an error, never a fall-back to plain text. `verify-full` checks the name
+//! as libpq does: the certificate's alternative names (an IP address against its IP
+//! addresses), or its common name when it has no DNS name among them. Any other parameter
 //! tokio-postgres does not know is refused by name.
 
 use std::path::Path;
@@ -407,7 +409,7 @@ fn tls(
     };
     let has_roots = system || ca.is_some();
     let check = match mode {
-        SslMode::VerifyFull => ServerCheck::ChainAndName,
+        SslMode::VerifyFull => ServerCheck::ChainAndNameOrCommonName,
         SslMode::VerifyCa => ServerCheck::Chain,
         _ if has_roots => ServerCheck::Chain,
         _ => ServerCheck::EncryptOnly,
@@ -624,7 +626,7 @@ mod tests {
                 &format!("postgres://h/db?sslmode=verify-full&sslrootcert={ca}"),
                 &[]
             ),
-            Some((SslMode::VerifyFull, ChainAndName))
+            Some((SslMode::VerifyFull, ChainAndNameOrCommonName))
         );
         // libpq's default root file, under HOME.
         std::fs::create_dir(d.join(".postgresql")).unwrap();
@@ -632,12 +634,12 @@ mod tests {
         let home = [("HOME", d.display().to_string())];
         assert_eq!(
             check("postgres://h/db?sslmode=verify-full", &home),
-            Some((SslMode::VerifyFull, ChainAndName))
+            Some((SslMode::VerifyFull, ChainAndNameOrCommonName))
         );
         // sslrootcert=system: verify-full by default, and nothing weaker.
         assert_eq!(
             check("postgres://h/db?sslrootcert=system", &[]),
-            Some((SslMode::VerifyFull, ChainAndName))
+            Some((SslMode::VerifyFull, ChainAndNameOrCommonName))
         );
         let e = line(parse_env(
             "postgres://h/db?sslrootcert=system&sslmode=require",

@@ -25,6 +25,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
 
 use super::target::PgTls;
+use crate::backend::tls::tlv;
 
 /// Makes rustls client sessions for tokio-postgres.
 #[derive(Clone)]
@@ -162,28 +163,6 @@ fn signature_algorithm(der: &[u8]) -> Option<&[u8]> {
         (0x06, oid, _) => Some(oid),
         _ => None,
     }
-}
-
-/// One DER element: its tag, its contents and what follows it.
-fn tlv(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, rest) = der.split_first()?;
-    let (&first, rest) = rest.split_first()?;
-    let (len, rest) = if first < 0x80 {
-        (usize::from(first), rest)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > 4 || rest.len() < n {
-            return None;
-        }
-        let len = rest[..n]
-            .iter()
-            .fold(0usize, |acc, &b| (acc << 8) | usize::from(b));
-        (len, &rest[n..])
-    };
-    if rest.len() < len {
-        return None;
-    }
-    Some((tag, &rest[..len], &rest[len..]))
 }
 
 #[cfg(test)]
