@@ -12,7 +12,8 @@
 //! here, so that a missing or bad file is a 125 before anything starts. Fallbacks when
 //! the URL names no file: `LOCKRUN_TLS_CA` / `LOCKRUN_TLS_CERT` / `LOCKRUN_TLS_KEY`,
 //! then libpq's default files `~/.postgresql/root.crt`, `postgresql.crt` and
-//! `postgresql.key`. As libpq does, a root certificate from any of these makes
+//! `postgresql.key`. As libpq does, TLS is never used over Unix-domain sockets (hosts
+//! that are paths), and a root certificate from any of these makes
 //! `prefer` and `require` check the chain (as `verify-ca`); a chain that fails the
 //! check is an error, never a fall-back to plain text. `verify-full` checks the name
 //! as libpq does: the certificate's alternative names (an IP address against its IP
@@ -369,7 +370,13 @@ fn tls(
         ));
     }
     config.channel_binding(binding);
-    if mode == SslMode::Disable {
+    // libpq ignores sslmode on Unix-domain sockets (the server never offers TLS there).
+    let all_unix = !config.get_hosts().is_empty()
+        && config
+            .get_hosts()
+            .iter()
+            .all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)));
+    if mode == SslMode::Disable || all_unix {
         config.ssl_mode(PgMode::Disable);
         return Ok(None);
     }
@@ -659,6 +666,17 @@ mod tests {
             &[],
         ));
         assert!(e.contains("channel_binding=require needs TLS"), "{e}");
+        // As libpq: no TLS over a Unix-domain socket, whatever sslmode says.
+        let pg = parse_env(
+            "postgres:///db?host=%2Fvar%2Frun%2Fpostgresql&sslmode=verify-full",
+            &[],
+        )
+        .unwrap();
+        assert!(pg.tls.is_none());
+        assert_eq!(
+            pg.config.get_ssl_mode(),
+            tokio_postgres::config::SslMode::Disable
+        );
         let pg = parse_env("postgres://h/db?channel_binding=require", &[]).unwrap();
         assert_eq!(
             pg.config.get_channel_binding(),
