@@ -30,6 +30,7 @@ mod lease;
 mod metrics;
 mod operations;
 mod postgres;
+mod postgres_tls;
 mod redis_acl;
 mod redis_cluster;
 mod redis_errors;

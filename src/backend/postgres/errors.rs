@@ -1,9 +1,17 @@
 //! What PostgreSQL's and the client's errors mean for a lock: [`BackendError::Unavailable`]
 //! (may pass: retry) or [`BackendError::Refused`] (will not pass: give up), in one line
-//! that names the server as `host:port` only, never the URL (it may hold a password).
-//! Depends on tokio-postgres' error types only.
+//! that names the server as `host:port` only, never the URL (it may hold a password),
+//! and says what to set: a certificate refused in the TLS handshake (either way), no
+//! TLS where `sslmode` requires it, a client certificate demanded, channel binding not
+//! used, a password missing or refused, no `pg_hba.conf` line. Depends on
+//! tokio-postgres' error types and [`crate::backend::tls::certificate_problem_kind`].
 
+use crate::backend::tls::{certificate_problem_kind, CertProblem};
 use crate::backend::BackendError;
+
+/// Where the client certificate is set.
+const SET_CLIENT_CERT: &str =
+    "give sslcert=FILE and sslkey=FILE in the URL (or LOCKRUN_TLS_CERT and LOCKRUN_TLS_KEY)";
 
 /// Translates a client error into a one-line message that names the server as
 /// `host:port` only (never the URL, which may hold a password).
@@ -13,9 +21,11 @@ pub(super) fn describe(e: &tokio_postgres::Error, at: &str, table: &str) -> Back
         let code = db.code().code();
         let msg = db.message().replace('\n', " ");
         return match code {
-            c if c.starts_with("28") => refused(format!(
-                "refused authentication: check the user and password ({msg})"
+            "28P01" => refused(format!(
+                "refused the password ({msg}): check the user, and the password in \
+                 LOCKRUN_PASSWORD, --password-file or the URL"
             )),
+            c if c.starts_with("28") => refused(auth_line(&msg)),
             "3D000" => refused(format!("has no such database ({msg})")),
             "42501" => refused(format!("denied access to the lock table {} ({msg})", table)),
             "3F000" => refused(format!(
@@ -42,10 +52,53 @@ pub(super) fn describe(e: &tokio_postgres::Error, at: &str, table: &str) -> Back
             _ => refused(format!("answered with an error: {code} {msg}")),
         };
     }
+    if let Some((problem, words)) = certificate_problem_kind(e) {
+        let hint = match problem {
+            CertProblem::UnknownIssuer => {
+                "set sslrootcert=FILE (or LOCKRUN_TLS_CA) to the CA that signed it (the \
+                 server's ssl_cert_file), or sslrootcert=system for a public CA"
+            }
+            CertProblem::WrongName => {
+                "connect by a name the certificate holds, or use sslmode=verify-ca to check \
+                 the CA only"
+            }
+            CertProblem::Dates => {
+                "renew the server's certificate (ssl_cert_file), or check this host's clock"
+            }
+            CertProblem::ClientCertWanted => SET_CLIENT_CERT,
+            CertProblem::ClientCertRefused => {
+                "use a client certificate signed by a CA in the server's ssl_ca_file"
+            }
+            CertProblem::Other => "check the server's ssl_cert_file",
+        };
+        return BackendError::Refused(format!("TLS to PostgreSQL at {at} failed: {words}: {hint}"));
+    }
     let kind = e.to_string();
     let reason = reason(e);
+    if reason.text.contains("server does not support TLS") {
+        return refused(
+            "does not offer TLS, which the URL's sslmode requires: turn ssl on in its \
+             postgresql.conf (ssl = on, ssl_cert_file, ssl_key_file)"
+                .to_owned(),
+        );
+    }
+    if reason.text.contains("did not use channel binding") {
+        return refused(
+            "did not use channel binding, which channel_binding=require demands: it must \
+             authenticate this user with scram-sha-256 (pg_hba.conf) over TLS, with a \
+             SCRAM password (password_encryption = scram-sha-256)"
+                .to_owned(),
+        );
+    }
     if kind.contains("TLS") && !reason.is_io {
         return refused(format!("failed the TLS handshake: {}", reason.text));
+    }
+    if reason.text.contains("password missing") {
+        return refused(
+            "asks for a password and none was given: set LOCKRUN_PASSWORD or \
+             --password-file (or put it in the URL)"
+                .to_owned(),
+        );
     }
     if kind.contains("authentication") {
         return refused(format!(
@@ -57,6 +110,36 @@ pub(super) fn describe(e: &tokio_postgres::Error, at: &str, table: &str) -> Back
         return refused(format!("cannot be used: {}", reason.text));
     }
     BackendError::Unavailable(format!("cannot reach PostgreSQL at {at}: {}", reason.text))
+}
+
+/// An authentication refusal (class 28) other than a wrong password, after
+/// "PostgreSQL at HOST ": what it means and what to set.
+fn auth_line(msg: &str) -> String {
+    if msg.contains("requires a valid client certificate") {
+        format!("requires a client certificate ({msg}): {SET_CLIENT_CERT}")
+    } else if msg.contains("certificate authentication failed")
+        || msg.contains("certificate validation")
+    {
+        format!(
+            "refused the client certificate for this user ({msg}): its CN must be the user \
+             name (or be mapped to it in pg_ident.conf)"
+        )
+    } else if msg.contains("channel binding") {
+        format!(
+            "refused the channel binding ({msg}): the TLS session does not end at the \
+             server (a TLS-terminating proxy, or a man in the middle); connect to the \
+             server itself, or leave channel_binding out"
+        )
+    } else if msg.contains("no pg_hba.conf entry") && msg.contains("no encryption") {
+        format!(
+            "has no pg_hba.conf line for this connection without TLS ({msg}): use \
+             sslmode=require (or verify-full), or add a line for it"
+        )
+    } else if msg.contains("no pg_hba.conf entry") {
+        format!("has no pg_hba.conf line for this connection ({msg}): add one for it")
+    } else {
+        format!("refused authentication: check the user and password ({msg})")
+    }
 }
 
 /// Why a client error happened, in words, and whether the operating system said so.
@@ -100,5 +183,38 @@ fn reason(e: &tokio_postgres::Error) -> Reason {
     Reason {
         text: text.replace('\n', " "),
         is_io: e.is_closed(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn authentication_refusals_say_what_to_change() {
+        let cases = [
+            (
+                "connection requires a valid client certificate",
+                "sslcert=FILE and sslkey=FILE",
+            ),
+            (
+                "certificate authentication failed for user \"app\"",
+                "its CN must be the user name",
+            ),
+            ("SCRAM channel binding check failed", "man in the middle"),
+            (
+                "no pg_hba.conf entry for host \"10.0.0.1\", user \"app\", database \"db\", no encryption",
+                "use sslmode=require",
+            ),
+            (
+                "no pg_hba.conf entry for host \"10.0.0.1\", user \"app\", database \"db\", SSL encryption",
+                "add one for it",
+            ),
+            ("Ident authentication failed", "check the user and password"),
+        ];
+        for (msg, says) in cases {
+            let line = auth_line(msg);
+            assert!(line.contains(says) && line.contains(msg), "{line}");
+        }
     }
 }

@@ -223,10 +223,8 @@ impl PostgresBackend {
             config.application_name("lockrun");
         }
         let (wake, wakeups) = mpsc::channel(1);
-        let (client, driver) = if self.target.tls {
-            let tls = tls::MakeRustls::encrypt_only().map_err(|e| {
-                BackendError::Refused(format!("cannot set up TLS to {}: {e}", self.display))
-            })?;
+        let (client, driver) = if let Some(tls) = &self.target.tls {
+            let tls = tls::MakeRustls::new(tls);
             let (client, conn) = config.connect(tls).await.map_err(|e| self.error(&e))?;
             (client, tokio::spawn(drive(conn, wake)))
         } else {

@@ -1,10 +1,30 @@
-//! `postgres://` and `postgresql://` URLs (libpq's URL form, parsed by tokio-postgres)
-//! and the backend's own option, `--pg-table`: checked into a [`PostgresTarget`].
-//! Part of [`super`].
+//! `postgres://` and `postgresql://` URLs (libpq's URL form) and the backend's own
+//! option, `--pg-table`: checked into a [`PostgresTarget`]. Part of [`super`].
+//!
+//! The TLS parameters are libpq's and are read here, not by tokio-postgres (which knows
+//! only `sslmode=disable|prefer|require`): `sslmode` (`disable`, `allow` (taken as
+//! `prefer`), `prefer` (the default), `require`, `verify-ca`, `verify-full`),
+//! `sslrootcert` (a PEM file, or `system` for the system's roots, which like libpq 16
+//! makes `verify-full` the default and refuses a weaker mode), `sslcert` and `sslkey`
+//! (a client certificate, both or neither; a key file others can read is refused, as
+//! libpq does), `channel_binding` (`disable`, `prefer`, `require`) and `gssencmode`
+//! (`disable` or `prefer`: lockrun never uses GSSAPI encryption). Files are read once,
+//! here, so that a missing or bad file is a 125 before anything starts. Fallbacks when
+//! the URL names no file: `LOCKRUN_TLS_CA` / `LOCKRUN_TLS_CERT` / `LOCKRUN_TLS_KEY`,
+//! then libpq's default files `~/.postgresql/root.crt`, `postgresql.crt` and
+//! `postgresql.key`. As libpq does, TLS is never used over Unix-domain sockets (hosts
+//! that are paths), and a root certificate from any of these makes
+//! `prefer` and `require` check the chain (as `verify-ca`); a chain that fails the
+//! check is an error, never a fall-back to plain text. `verify-full` checks the name
+//! as libpq does: the certificate's alternative names (an IP address against its IP
+//! addresses), or its common name when it has no DNS name among them. Any other parameter
+//! tokio-postgres does not know is refused by name.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use super::PostgresBackend;
+use crate::backend::tls::{client_config, Roots, ServerCheck, TlsFiles};
 use crate::backend::{AnyBackend, Kind, Target, UrlContext};
 use crate::config::{BackendConfig, ConfigError};
 
@@ -34,8 +54,8 @@ pub struct PgArgs {
 pub struct PostgresTarget {
     /// The parsed connection settings (the password is redacted in `Debug`).
     pub config: tokio_postgres::Config,
-    /// `sslmode` from the URL: TLS is used unless it is `disable`.
-    pub tls: bool,
+    /// TLS as the URL asks for it; `None` with `sslmode=disable`.
+    pub tls: Option<PgTls>,
     /// The lease table, `table` or `schema.table`; created if missing.
     pub table: String,
 }
@@ -75,8 +95,177 @@ impl Target for PostgresTarget {
     }
 }
 
+/// libpq's `sslmode`, as lockrun applies it (`allow` is taken as `prefer`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SslMode {
+    /// No TLS.
+    Disable,
+    /// TLS if the server offers it, plain text if it says it has none.
+    Prefer,
+    /// TLS or nothing.
+    Require,
+    /// TLS, and the server's certificate chain checked.
+    VerifyCa,
+    /// TLS, the chain checked, and the host name (or IP address) in the certificate.
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(value: &str) -> Result<SslMode, ConfigError> {
+        Ok(match value {
+            "disable" => SslMode::Disable,
+            "allow" | "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            other => {
+                return Err(ConfigError::Backend(format!(
+                    "sslmode={} is not valid: use disable, prefer, require, verify-ca or \
+                     verify-full",
+                    other.chars().take(32).collect::<String>()
+                )))
+            }
+        })
+    }
+
+    /// As it is written in a URL.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
+/// TLS to PostgreSQL: the mode, what it checks, and the rustls configuration made from
+/// the files (read when the URL was checked).
+#[derive(Clone)]
+pub struct PgTls {
+    /// The mode asked for.
+    pub mode: SslMode,
+    /// What is checked of the server's certificate.
+    pub check: ServerCheck,
+    /// A client certificate is offered.
+    pub client_cert: bool,
+    /// The client configuration, ALPN `postgresql` (for `sslnegotiation=direct`).
+    pub config: Arc<rustls::ClientConfig>,
+}
+
+impl std::fmt::Debug for PgTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the rustls configuration: it holds the client key.
+        f.debug_struct("PgTls")
+            .field("mode", &self.mode)
+            .field("check", &self.check)
+            .field("client_cert", &self.client_cert)
+            .finish()
+    }
+}
+
+/// The parameters lockrun reads itself, out of the URL's query.
+#[derive(Default)]
+struct LibpqParams {
+    sslmode: Option<String>,
+    sslrootcert: Option<String>,
+    sslcert: Option<String>,
+    sslkey: Option<String>,
+    channel_binding: Option<String>,
+    gssencmode: Option<String>,
+}
+
+/// The parameters tokio-postgres reads (its `Config::param`).
+const PASSED_ON: &[&str] = &[
+    "user",
+    "password",
+    "dbname",
+    "options",
+    "application_name",
+    "sslnegotiation",
+    "host",
+    "hostaddr",
+    "port",
+    "connect_timeout",
+    "tcp_user_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_retries",
+    "target_session_attrs",
+    "load_balance_hosts",
+];
+
+/// Takes lockrun's own parameters out of `url`'s query (found as tokio-postgres finds
+/// it: after the first `@`, the first `?`); the rest of the URL is for tokio-postgres.
+/// The last of a repeated parameter wins, as in libpq.
+fn split_params(url: &str) -> Result<(String, LibpqParams), ConfigError> {
+    let after_creds = url.find('@').map_or(0, |at| at + 1);
+    let Some(q) = url[after_creds..].find('?').map(|q| q + after_creds) else {
+        return Ok((url.to_owned(), LibpqParams::default()));
+    };
+    let mut params = LibpqParams::default();
+    let mut kept = Vec::new();
+    for pair in url[q + 1..].split('&').filter(|p| !p.is_empty()) {
+        let Some((key, value)) = pair.split_once('=') else {
+            return Err(ConfigError::BadUrl {
+                expected: KIND.usage,
+            });
+        };
+        let key = percent_decode(key);
+        let slot = match key.as_str() {
+            "sslmode" => &mut params.sslmode,
+            "sslrootcert" => &mut params.sslrootcert,
+            "sslcert" => &mut params.sslcert,
+            "sslkey" => &mut params.sslkey,
+            "channel_binding" => &mut params.channel_binding,
+            "gssencmode" => &mut params.gssencmode,
+            k if PASSED_ON.contains(&k) => {
+                kept.push(pair);
+                continue;
+            }
+            k => {
+                return Err(ConfigError::Backend(format!(
+                    "the PostgreSQL URL has the parameter {:?}, which lockrun does not support \
+                     (see the PostgreSQL URL's parameters in the README or lockrun(1))",
+                    k.chars().take(32).collect::<String>()
+                )))
+            }
+        };
+        *slot = Some(percent_decode(value));
+    }
+    let mut rest = url[..q].to_owned();
+    if !kept.is_empty() {
+        rest.push('?');
+        rest.push_str(&kept.join("&"));
+    }
+    Ok((rest, params))
+}
+
+/// `%XX` decoded (a malformed escape is kept as it is), as text.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Checks a PostgreSQL URL and `--pg-table`; the context's password wins.
 pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<PostgresTarget, ConfigError> {
+    let (url, params) = split_params(url)?;
     let mut config: tokio_postgres::Config = url.parse().map_err(|_| ConfigError::BadUrl {
         expected: KIND.usage,
     })?;
@@ -95,12 +284,205 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<PostgresTarget, ConfigEr
             table.chars().take(64).collect::<String>()
         )));
     }
-    let tls = config.get_ssl_mode() != tokio_postgres::config::SslMode::Disable;
+    let tls = tls(&params, &mut config, ctx)?;
     Ok(PostgresTarget {
         config,
         tls,
         table: table.clone(),
     })
+}
+
+/// A file named by a parameter or a variable: its contents, or a 125 naming it.
+fn read_file(var: &'static str, path: &str) -> Result<Vec<u8>, ConfigError> {
+    std::fs::read(path).map_err(|e| ConfigError::TlsFile {
+        var,
+        path: path.to_owned(),
+        reason: e.kind().to_string(),
+    })
+}
+
+/// libpq's refusal of a private key others may read: at most 0600 for a file of ours,
+/// 0640 for one of root's.
+fn check_key_mode(var: &'static str, path: &str) -> Result<(), ConfigError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).map_err(|e| ConfigError::TlsFile {
+        var,
+        path: path.to_owned(),
+        reason: e.kind().to_string(),
+    })?;
+    let mode = meta.mode() & 0o777;
+    let allowed = if meta.uid() == 0 { 0o640 } else { 0o600 };
+    if meta.is_file() && mode & !allowed != 0 {
+        return Err(ConfigError::Backend(format!(
+            "{var} ({path}) can be read by others (mode {mode:04o}): chmod 600 it \
+             (0640 if root owns it), as libpq requires"
+        )));
+    }
+    Ok(())
+}
+
+/// TLS from the URL's parameters, the environment's files and libpq's default files;
+/// sets tokio-postgres' `sslmode` and `channel_binding` to match.
+fn tls(
+    params: &LibpqParams,
+    config: &mut tokio_postgres::Config,
+    ctx: &UrlContext<'_>,
+) -> Result<Option<PgTls>, ConfigError> {
+    use tokio_postgres::config::{ChannelBinding, SslMode as PgMode, SslNegotiation};
+    let system = params.sslrootcert.as_deref() == Some("system");
+    let mode = match params.sslmode.as_deref() {
+        Some(value) => SslMode::parse(value)?,
+        // libpq 16: the system's roots mean verify-full unless told otherwise.
+        None if system => SslMode::VerifyFull,
+        None => SslMode::Prefer,
+    };
+    if system && mode != SslMode::VerifyFull {
+        return Err(ConfigError::Backend(format!(
+            "sslrootcert=system needs sslmode=verify-full, not {} (any CA of the system \
+             may have signed a certificate for any name)",
+            mode.as_str()
+        )));
+    }
+    match params.gssencmode.as_deref() {
+        None | Some("disable" | "prefer") => {}
+        Some(_) => {
+            return Err(ConfigError::Backend(
+                "lockrun does not use GSSAPI encryption: use gssencmode=disable (or leave it \
+                 out) and sslmode for TLS"
+                    .to_owned(),
+            ))
+        }
+    }
+    let binding = match params.channel_binding.as_deref() {
+        None | Some("prefer") => ChannelBinding::Prefer,
+        Some("disable") => ChannelBinding::Disable,
+        Some("require") => ChannelBinding::Require,
+        Some(other) => {
+            return Err(ConfigError::Backend(format!(
+                "channel_binding={} is not valid: use disable, prefer or require",
+                other.chars().take(32).collect::<String>()
+            )))
+        }
+    };
+    if binding == ChannelBinding::Require && mode == SslMode::Disable {
+        return Err(ConfigError::Backend(
+            "channel_binding=require needs TLS: not with sslmode=disable".to_owned(),
+        ));
+    }
+    config.channel_binding(binding);
+    // libpq ignores sslmode on Unix-domain sockets (the server never offers TLS there).
+    let all_unix = !config.get_hosts().is_empty()
+        && config
+            .get_hosts()
+            .iter()
+            .all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)));
+    if mode == SslMode::Disable || all_unix {
+        config.ssl_mode(PgMode::Disable);
+        return Ok(None);
+    }
+    if mode == SslMode::Prefer && config.get_ssl_negotiation() == SslNegotiation::Direct {
+        return Err(ConfigError::Backend(
+            "sslnegotiation=direct needs sslmode=require, verify-ca or verify-full".to_owned(),
+        ));
+    }
+    config.ssl_mode(if mode == SslMode::Prefer {
+        PgMode::Prefer
+    } else {
+        PgMode::Require
+    });
+
+    let env = TlsFiles::from_env(ctx.env)?;
+    let home = (ctx.env)("HOME").filter(|h| !h.is_empty());
+    // libpq's default files, used only when they exist.
+    let default_file = |name: &str| {
+        home.as_ref()
+            .map(|h| Path::new(h).join(".postgresql").join(name))
+            .filter(|p| p.exists())
+            .map(|p| p.display().to_string())
+    };
+
+    // The roots: sslrootcert, LOCKRUN_TLS_CA, ~/.postgresql/root.crt.
+    let (ca, ca_from): (Option<Vec<u8>>, String) = match params.sslrootcert.as_deref() {
+        Some("system") => (None, "sslrootcert=system".to_owned()),
+        Some(path) => (
+            Some(read_file("sslrootcert", path)?),
+            format!("sslrootcert={path}"),
+        ),
+        None => match (env.ca, default_file("root.crt")) {
+            (Some(pem), _) => (Some(pem), "LOCKRUN_TLS_CA".to_owned()),
+            (None, Some(path)) => (Some(read_file("the default sslrootcert", &path)?), path),
+            (None, None) => (None, String::new()),
+        },
+    };
+    let has_roots = system || ca.is_some();
+    let check = match mode {
+        SslMode::VerifyFull => ServerCheck::ChainAndNameOrCommonName,
+        SslMode::VerifyCa => ServerCheck::Chain,
+        _ if has_roots => ServerCheck::Chain,
+        _ => ServerCheck::EncryptOnly,
+    };
+    if !has_roots && check != ServerCheck::EncryptOnly {
+        return Err(ConfigError::Backend(format!(
+            "sslmode={} needs the CA that signed the server's certificate: set \
+             sslrootcert=FILE, sslrootcert=system or LOCKRUN_TLS_CA (or put it in \
+             ~/.postgresql/root.crt)",
+            mode.as_str()
+        )));
+    }
+
+    // The client certificate: sslcert and sslkey, LOCKRUN_TLS_CERT and _KEY, libpq's
+    // ~/.postgresql/postgresql.crt and .key.
+    let (client, client_from) = match (params.sslcert.as_deref(), params.sslkey.as_deref()) {
+        (Some(cert), Some(key)) => {
+            let cert_pem = read_file("sslcert", cert)?;
+            check_key_mode("sslkey", key)?;
+            (
+                Some((cert_pem, read_file("sslkey", key)?)),
+                format!("sslcert={cert}, sslkey={key}"),
+            )
+        }
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(ConfigError::Backend(
+                "sslcert and sslkey go together: give both or neither".to_owned(),
+            ))
+        }
+        (None, None) => match (env.client, default_file("postgresql.crt")) {
+            (Some(pair), _) => (Some(pair), "LOCKRUN_TLS_CERT, LOCKRUN_TLS_KEY".to_owned()),
+            (None, Some(cert)) => {
+                let key = cert.trim_end_matches(".crt").to_owned() + ".key";
+                check_key_mode("the default sslkey", &key)?;
+                let pair = (
+                    read_file("the default sslcert", &cert)?,
+                    read_file("the default sslkey", &key)?,
+                );
+                (Some(pair), format!("{cert}, {key}"))
+            }
+            (None, None) => (None, String::new()),
+        },
+    };
+
+    let roots = match &ca {
+        Some(pem) => Roots::Pem(pem),
+        None => Roots::System,
+    };
+    let client_pair = client.as_ref().map(|(c, k)| (c.as_slice(), k.as_slice()));
+    let made = client_config(check, roots, client_pair).map_err(|e| match e {
+        ConfigError::Backend(why) if why.starts_with("the CA file") => {
+            ConfigError::Backend(format!("{why} ({ca_from})"))
+        }
+        ConfigError::Backend(why) if why.starts_with("the client") => {
+            ConfigError::Backend(format!("{why} ({client_from})"))
+        }
+        other => other,
+    })?;
+    let mut rustls = (*made).clone();
+    rustls.alpn_protocols = vec![b"postgresql".to_vec()];
+    Ok(Some(PgTls {
+        mode,
+        check,
+        client_cert: client.is_some(),
+        config: Arc::new(rustls),
+    }))
 }
 
 /// `name` or `schema.name`, each an unquoted SQL identifier of at most 63 bytes.
@@ -130,12 +512,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(pg.display(), "db.example:6543");
-        assert!(!pg.tls);
+        assert!(pg.tls.is_none());
         assert_eq!(pg.table, "lockrun_locks");
         assert!(!format!("{pg:?}").contains("pw@") && !format!("{pg:?}").contains("\"pw\""));
         let pg = parse("postgresql://localhost/test", &ctx(&a, Some("envpw"))).unwrap();
         assert_eq!(pg.config.get_password(), Some(&b"envpw"[..]));
-        assert!(pg.tls, "sslmode defaults to prefer");
+        assert_eq!(
+            pg.tls.unwrap().mode,
+            SslMode::Prefer,
+            "sslmode defaults to prefer"
+        );
     }
 
     #[test]
@@ -162,5 +548,195 @@ mod tests {
         ));
         assert!(valid_table_name("locks.lockrun_leases"));
         assert!(!valid_table_name("a.b.c"));
+    }
+
+    /// Parses `url` with the environment `env` (name, value).
+    fn parse_env(url: &str, env: &[(&str, String)]) -> Result<PostgresTarget, ConfigError> {
+        let a = args(&[]);
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        let get = move |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        let ctx = UrlContext {
+            password: None,
+            args: &a,
+            env: &get,
+        };
+        parse(url, &ctx)
+    }
+
+    fn line(r: Result<PostgresTarget, ConfigError>) -> String {
+        r.unwrap_err().to_string()
+    }
+
+    #[test]
+    fn libpq_parameters_are_taken_out_and_the_rest_passed_on() {
+        let (rest, p) = split_params(
+            "postgres://u:p%3F@h1,h2:5433/db?sslmode=verify-full&application_name=x\
+             &sslrootcert=%2Ftmp%2Fca%20x.pem&channel_binding=require&sslmode=require",
+        )
+        .unwrap();
+        assert_eq!(rest, "postgres://u:p%3F@h1,h2:5433/db?application_name=x");
+        assert_eq!(p.sslmode.as_deref(), Some("require"), "the last one wins");
+        assert_eq!(p.sslrootcert.as_deref(), Some("/tmp/ca x.pem"));
+        assert_eq!(p.channel_binding.as_deref(), Some("require"));
+        let (rest, _) = split_params("postgres://h/db?sslmode=disable").unwrap();
+        assert_eq!(rest, "postgres://h/db");
+        let e = line(parse_env("postgres://h/db?sslcrl=/x&password=pw", &[]));
+        assert!(e.contains("\"sslcrl\"") && !e.contains("pw"), "{e}");
+        let e = line(parse_env("postgres://h/db?sslmode=verify-all", &[]));
+        assert!(e.starts_with("sslmode=verify-all is not valid"), "{e}");
+        let e = line(parse_env("postgres://h/db?gssencmode=require", &[]));
+        assert!(e.contains("gssencmode=disable"), "{e}");
+        assert!(parse_env("postgres://h/db?gssencmode=disable", &[]).is_ok());
+    }
+
+    #[test]
+    fn sslmode_and_the_roots_decide_what_is_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        crate::backend::tls::testing::ca_and_server(d, "ca", "DNS:db.example");
+        let ca = d.join("ca.pem").display().to_string();
+        let check = |url: &str, env: &[(&str, String)]| {
+            let t = parse_env(url, env).unwrap().tls;
+            t.map(|t| (t.mode, t.check))
+        };
+        use ServerCheck::*;
+        assert_eq!(check("postgres://h/db?sslmode=disable", &[]), None);
+        assert_eq!(
+            check("postgres://h/db", &[]),
+            Some((SslMode::Prefer, EncryptOnly))
+        );
+        assert_eq!(
+            check("postgres://h/db?sslmode=allow", &[]),
+            Some((SslMode::Prefer, EncryptOnly))
+        );
+        assert_eq!(
+            check("postgres://h/db?sslmode=require", &[]),
+            Some((SslMode::Require, EncryptOnly))
+        );
+        // A root makes require check the chain, as libpq does.
+        let with_ca = format!("postgres://h/db?sslmode=require&sslrootcert={ca}");
+        assert_eq!(check(&with_ca, &[]), Some((SslMode::Require, Chain)));
+        let env_ca = [("LOCKRUN_TLS_CA", ca.clone())];
+        assert_eq!(
+            check("postgres://h/db?sslmode=require", &env_ca),
+            Some((SslMode::Require, Chain))
+        );
+        assert_eq!(
+            check("postgres://h/db?sslmode=verify-ca", &env_ca),
+            Some((SslMode::VerifyCa, Chain))
+        );
+        assert_eq!(
+            check(
+                &format!("postgres://h/db?sslmode=verify-full&sslrootcert={ca}"),
+                &[]
+            ),
+            Some((SslMode::VerifyFull, ChainAndNameOrCommonName))
+        );
+        // libpq's default root file, under HOME.
+        std::fs::create_dir(d.join(".postgresql")).unwrap();
+        std::fs::copy(d.join("ca.pem"), d.join(".postgresql/root.crt")).unwrap();
+        let home = [("HOME", d.display().to_string())];
+        assert_eq!(
+            check("postgres://h/db?sslmode=verify-full", &home),
+            Some((SslMode::VerifyFull, ChainAndNameOrCommonName))
+        );
+        // sslrootcert=system: verify-full by default, and nothing weaker.
+        assert_eq!(
+            check("postgres://h/db?sslrootcert=system", &[]),
+            Some((SslMode::VerifyFull, ChainAndNameOrCommonName))
+        );
+        let e = line(parse_env(
+            "postgres://h/db?sslrootcert=system&sslmode=require",
+            &[],
+        ));
+        assert!(e.contains("needs sslmode=verify-full"), "{e}");
+        for mode in ["verify-ca", "verify-full"] {
+            let e = line(parse_env(&format!("postgres://h/db?sslmode={mode}"), &[]));
+            assert!(
+                e.starts_with(&format!("sslmode={mode} needs the CA"))
+                    && e.contains("sslrootcert=system"),
+                "{e}"
+            );
+        }
+        let e = line(parse_env(
+            "postgres://h/db?sslmode=disable&channel_binding=require",
+            &[],
+        ));
+        assert!(e.contains("channel_binding=require needs TLS"), "{e}");
+        // As libpq: no TLS over a Unix-domain socket, whatever sslmode says.
+        let pg = parse_env(
+            "postgres:///db?host=%2Fvar%2Frun%2Fpostgresql&sslmode=verify-full",
+            &[],
+        )
+        .unwrap();
+        assert!(pg.tls.is_none());
+        assert_eq!(
+            pg.config.get_ssl_mode(),
+            tokio_postgres::config::SslMode::Disable
+        );
+        let pg = parse_env("postgres://h/db?channel_binding=require", &[]).unwrap();
+        assert_eq!(
+            pg.config.get_channel_binding(),
+            tokio_postgres::config::ChannelBinding::Require
+        );
+    }
+
+    #[test]
+    fn tls_files_are_read_once_and_refused_in_one_line() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        crate::backend::tls::testing::ca_and_server(d, "ca", "DNS:client");
+        let p = |n: &str| d.join(n).display().to_string();
+        let missing = line(parse_env(
+            "postgres://h/db?sslmode=verify-ca&sslrootcert=/nonexistent/ca.pem",
+            &[],
+        ));
+        assert_eq!(
+            missing,
+            "cannot read sslrootcert (/nonexistent/ca.pem): entity not found"
+        );
+        std::fs::write(d.join("empty.pem"), "nothing").unwrap();
+        let empty = line(parse_env(
+            &format!(
+                "postgres://h/db?sslmode=verify-ca&sslrootcert={}",
+                p("empty.pem")
+            ),
+            &[],
+        ));
+        assert!(
+            empty.starts_with("the CA file holds no PEM certificate (sslrootcert="),
+            "{empty}"
+        );
+        let key = p("ca-server.key");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let client = format!(
+            "postgres://h/db?sslmode=require&sslcert={}&sslkey={key}",
+            p("ca-server.pem")
+        );
+        let open_key = line(parse_env(&client, &[]));
+        assert!(open_key.contains("(mode 0644): chmod 600"), "{open_key}");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let pg = parse_env(&client, &[]).unwrap();
+        assert!(pg.tls.as_ref().unwrap().client_cert);
+        assert!(!format!("{pg:?}").contains("PRIVATE"));
+        let half = line(parse_env(
+            &format!("postgres://h/db?sslcert={}", p("ca-server.pem")),
+            &[],
+        ));
+        assert_eq!(half, "sslcert and sslkey go together: give both or neither");
+        // The environment's pair is the fallback.
+        let env = [
+            ("LOCKRUN_TLS_CERT", p("ca-server.pem")),
+            ("LOCKRUN_TLS_KEY", key.clone()),
+        ];
+        let pg = parse_env("postgres://h/db?sslmode=require", &env).unwrap();
+        assert!(pg.tls.unwrap().client_cert);
+        // Nothing is read with sslmode=disable.
+        let env = [("LOCKRUN_TLS_CA", "/nonexistent".to_owned())];
+        assert!(parse_env("postgres://h/db?sslmode=disable", &env).is_ok());
     }
 }

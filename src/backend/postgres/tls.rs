@@ -1,15 +1,17 @@
-//! TLS to PostgreSQL with rustls (ring), for `sslmode=prefer` and `sslmode=require`.
+//! TLS to PostgreSQL with rustls: tokio-postgres' TLS traits over the configuration
+//! `target.rs` made from `sslmode` and the files ([`crate::backend::tls::client_config`]:
+//! encrypt only, the chain, or the chain and the name of the host being connected to,
+//! which tokio-postgres passes for each host it tries). `prefer` falls back to plain
+//! text only when the server says it has no TLS at all; `require` never does
+//! (tokio-postgres enforces both); a certificate that fails the check always fails the
+//! connection.
 //!
-//! These modes mean what they mean to libpq when no root certificate is configured:
-//! the connection is encrypted, and the server's certificate chain and host name are
-//! not checked (libpq checks them only for `verify-ca` / `verify-full`). That keeps
-//! the URLs that work with `psql` working here, including servers with self-signed
-//! certificates (Debian's default) and managed databases with a private CA. The
-//! handshake signatures are still verified, so the session key really belongs to the
-//! certificate the server sent. `prefer` falls back to plain text only when the server
-//! says it has no TLS at all; `require` never does (tokio-postgres enforces both).
+//! Channel binding (SCRAM-SHA-256-PLUS, `channel_binding`): `tls-server-end-point`
+//! (RFC 5929 section 4.1), the hash of the server's end-entity certificate with the hash
+//! of its signature algorithm, SHA-256 for MD5, SHA-1 and anything unknown, as
+//! PostgreSQL computes it.
 //!
-//! Depends on tokio-postgres' TLS traits, tokio-rustls and rustls only.
+//! Depends on tokio-postgres' TLS traits, tokio-rustls, rustls and ring's digests.
 
 use std::future::Future;
 use std::io;
@@ -17,27 +19,22 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
-use rustls::pki_types::{CertificateDer, InvalidDnsNameError, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::{InvalidDnsNameError, ServerName};
+use rustls::ClientConfig;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
+
+use super::target::PgTls;
+use crate::backend::tls::tlv;
 
 /// Makes rustls client sessions for tokio-postgres.
 #[derive(Clone)]
 pub struct MakeRustls(Arc<ClientConfig>);
 
 impl MakeRustls {
-    /// Encrypting, not authenticating the server (see the module notes).
-    pub fn encrypt_only() -> Result<MakeRustls, rustls::Error> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()?
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(EncryptOnly(provider)))
-            .with_no_client_auth();
-        Ok(MakeRustls(Arc::new(config)))
+    /// Sessions as `tls` says (see [`PgTls`]).
+    pub fn new(tls: &PgTls) -> MakeRustls {
+        MakeRustls(tls.config.clone())
     }
 }
 
@@ -75,13 +72,20 @@ where
         let connector = tokio_rustls::TlsConnector::from(self.config);
         Box::pin(async move {
             let tls = connector.connect(self.server, stream).await?;
-            Ok(RustlsStream(Box::new(tls)))
+            let end_point = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .map(|cert| server_end_point(cert.as_ref()));
+            Ok(RustlsStream(Box::new(tls), end_point))
         })
     }
 }
 
-/// An established TLS session (boxed: rustls' state is large).
-pub struct RustlsStream<S>(Box<tokio_rustls::client::TlsStream<S>>);
+/// An established TLS session (boxed: rustls' state is large), with the server's
+/// `tls-server-end-point`.
+pub struct RustlsStream<S>(Box<tokio_rustls::client::TlsStream<S>>, Option<Vec<u8>>);
 
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for RustlsStream<S> {
     fn poll_read(
@@ -113,58 +117,100 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for RustlsStream<S> {
 
 impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for RustlsStream<S> {
     fn channel_binding(&self) -> ChannelBinding {
-        // No channel binding: SCRAM then runs without it, as libpq's
-        // `channel_binding=prefer` does against a server it does not authenticate.
-        ChannelBinding::none()
+        match &self.1 {
+            Some(hash) => ChannelBinding::tls_server_end_point(hash.clone()),
+            None => ChannelBinding::none(),
+        }
     }
 }
 
-/// Accepts any server certificate (libpq's `sslmode=require`) but checks that the
-/// handshake was signed with the key of the certificate presented.
-#[derive(Debug)]
-struct EncryptOnly(Arc<CryptoProvider>);
+/// `tls-server-end-point` of a DER certificate: its hash with the digest of its
+/// signature algorithm; SHA-256 for MD5, SHA-1, RSA-PSS, EdDSA and anything not read.
+fn server_end_point(der: &[u8]) -> Vec<u8> {
+    let algorithm = match signature_algorithm(der) {
+        Some(oid) if SHA384.contains(&oid) => &ring::digest::SHA384,
+        Some(oid) if SHA512.contains(&oid) => &ring::digest::SHA512,
+        _ => &ring::digest::SHA256,
+    };
+    ring::digest::digest(algorithm, der).as_ref().to_vec()
+}
 
-impl ServerCertVerifier for EncryptOnly {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
+/// The OIDs (DER contents) of sha384WithRSAEncryption and ecdsa-with-SHA384.
+const SHA384: &[&[u8]] = &[
+    &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x0c],
+    &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x03],
+];
+/// The OIDs of sha512WithRSAEncryption and ecdsa-with-SHA512.
+const SHA512: &[&[u8]] = &[
+    &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x0d],
+    &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x04],
+];
+
+/// The OID of a certificate's `signatureAlgorithm` (RFC 5280: `SEQUENCE { tbsCertificate
+/// SEQUENCE, signatureAlgorithm SEQUENCE { OID, ... }, signature }`), or `None` where the
+/// DER is not that.
+fn signature_algorithm(der: &[u8]) -> Option<&[u8]> {
+    let (tag, certificate, _) = tlv(der)?;
+    if tag != 0x30 {
+        return None;
+    }
+    let (_, _, rest) = tlv(certificate)?; // tbsCertificate
+    let (tag, algorithm, _) = tlv(rest)?;
+    if tag != 0x30 {
+        return None;
+    }
+    match tlv(algorithm)? {
+        (0x06, oid, _) => Some(oid),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+
+    /// A self-signed certificate made with `openssl req -x509 -DIGEST`.
+    fn self_signed(dir: &std::path::Path, digest: &str, key: &[&str]) -> Vec<u8> {
+        let out = format!("{digest}.pem");
+        let mut args = vec!["req", "-x509", "-nodes", "-days", "1", "-subj", "/CN=cb"];
+        args.extend(key);
+        let keyout = format!("{digest}.key");
+        args.extend([digest, "-keyout", &keyout, "-out", &out]);
+        crate::backend::tls::testing::openssl(dir, &args);
+        CertificateDer::from_pem_file(dir.join(&out))
+            .unwrap()
+            .as_ref()
+            .to_vec()
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+    #[test]
+    fn tls_server_end_point_hashes_with_the_signature_digest() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+        for (digest, len, key) in [
+            ("-sha1", 32, &ec[..]),
+            ("-sha256", 32, &ec[..]),
+            ("-sha384", 48, &ec[..]),
+            ("-sha512", 64, &["-newkey", "rsa:1024"][..]),
+        ] {
+            let der = self_signed(d, digest, key);
+            let hash = server_end_point(&der);
+            assert_eq!(hash.len(), len, "{digest}");
+            let algorithm = match len {
+                32 => &ring::digest::SHA256,
+                48 => &ring::digest::SHA384,
+                _ => &ring::digest::SHA512,
+            };
+            assert_eq!(
+                hash,
+                ring::digest::digest(algorithm, &der).as_ref(),
+                "{digest}"
+            );
+        }
+        assert_eq!(server_end_point(b"not DER").len(), 32);
+        assert_eq!(signature_algorithm(&[0x30, 0x85, 1, 2, 3, 4, 5]), None);
     }
 }

@@ -54,7 +54,7 @@ pub use redis::{fence_key, limit_key, lock_key, slot_key, waiter_key, RedisServe
 pub use scratch::{wait_line, wait_pid, Scratch};
 pub use sentinel::{Security, Sentinel};
 pub use serial::alone;
-pub use tls::TlsFiles;
+pub use tls::{TestCa, TlsFiles};
 pub use zookeeper::{ZkEnsemble, ZkServer};
 
 /// Upper bound for waits that should finish in well under a second on an idle machine.

@@ -301,25 +301,74 @@ impl PrivatePg {
     /// 127.0.0.1, from its CA), besides plain connections.
     pub fn start_tls(tls: &TlsFiles) -> PrivatePg {
         let pg = PrivatePg::init(&[], &[]);
-        let data = pg.dir.path().join("data");
-        for (from, to) in [("server.pem", "server.crt"), ("server.key", "server.key")] {
-            let dest = data.join(to);
-            std::fs::copy(tls.path(from), &dest).expect("copy TLS file");
-            std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o600)).unwrap();
-            if let Some((uid, gid)) = server_user() {
-                std::os::unix::fs::chown(&dest, Some(uid), Some(gid)).expect("chown");
-            }
+        pg.install("server.crt", &tls.path("server.pem"));
+        pg.install("server.key", &tls.path("server.key"));
+        pg.append_conf("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'");
+        pg.launch()
+    }
+
+    /// A cluster serving TLS (`ssl=on`) with `cert` and `key`, asking clients for a
+    /// certificate from `client_ca` (`ssl_ca_file`), with `hba` as its whole
+    /// `pg_hba.conf` (which must let `postgres` in from 127.0.0.1 without TLS, for
+    /// [`PrivatePg::url`]), and connections logged.
+    pub fn start_ssl(cert: &Path, key: &Path, client_ca: &Path, hba: &str) -> PrivatePg {
+        let pg = PrivatePg::init(&[], &[]);
+        pg.install("server.crt", cert);
+        pg.install("server.key", key);
+        pg.install("client_ca.crt", client_ca);
+        std::fs::write(pg.dir.path().join("data/pg_hba.conf"), hba).expect("write pg_hba.conf");
+        pg.append_conf(
+            "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n\
+             ssl_ca_file = 'client_ca.crt'\nlog_connections = on",
+        );
+        pg.launch()
+    }
+
+    /// Serves `cert` and `key` from now on (a reload); returns once a new TLS session
+    /// gets the certificate whose subject holds `cn` (asked with `openssl s_client`).
+    pub fn swap_server_cert(&self, cert: &Path, key: &Path, cn: &str) {
+        self.install("server.crt", cert);
+        self.install("server.key", key);
+        Db::connect(&self.url()).exec("SELECT pg_reload_conf()");
+        wait_until("the server serves the new certificate", WAIT, || {
+            let out = Command::new("openssl")
+                .args(["s_client", "-starttls", "postgres", "-connect"])
+                .arg(format!("127.0.0.1:{}", self.port))
+                .stdin(Stdio::null())
+                .output()
+                .expect("run openssl s_client");
+            String::from_utf8_lossy(&out.stdout).contains(cn)
+        });
+    }
+
+    /// Turns TLS off (a reload); returns once a new session sees it.
+    pub fn ssl_off(&self) {
+        let db = Db::connect(&self.url());
+        // Not in one string: ALTER SYSTEM refuses to run in a transaction block.
+        db.exec("ALTER SYSTEM SET ssl = off");
+        db.exec("SELECT pg_reload_conf()");
+        wait_until("ssl is off", WAIT, || {
+            Db::connect(&self.url()).value("SHOW ssl").as_deref() == Some("off")
+        });
+    }
+
+    /// Copies `from` into the data directory as `name`, the server's own and 0600.
+    fn install(&self, name: &str, from: &Path) {
+        let dest = self.dir.path().join("data").join(name);
+        std::fs::copy(from, &dest).expect("copy TLS file");
+        std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o600)).unwrap();
+        if let Some((uid, gid)) = server_user() {
+            std::os::unix::fs::chown(&dest, Some(uid), Some(gid)).expect("chown");
         }
+    }
+
+    /// Appends `lines` to postgresql.conf.
+    fn append_conf(&self, lines: &str) {
         let mut conf = std::fs::OpenOptions::new()
             .append(true)
-            .open(data.join("postgresql.conf"))
+            .open(self.dir.path().join("data/postgresql.conf"))
             .expect("open postgresql.conf");
-        writeln!(
-            conf,
-            "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'"
-        )
-        .expect("write postgresql.conf");
-        pg.launch()
+        writeln!(conf, "{lines}").expect("write postgresql.conf");
     }
 
     /// Starts the initialised cluster on a free port.

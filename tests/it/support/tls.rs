@@ -2,6 +2,7 @@
 //! 127.0.0.1 and a client certificate, made with the `openssl` command.
 
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -91,6 +92,93 @@ fn openssl(dir: &Path, args: &str, subject: Option<&str>) {
     assert!(
         out.status.success(),
         "openssl {args} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A throw-away CA of a test's own that issues server and client certificates for any
+/// name, valid now or expired (EC P-256 keys: quick to make), with the `openssl`
+/// command (and `faketime` for an expired one) in a temporary directory.
+pub struct TestCa {
+    dir: TempDir,
+}
+
+impl TestCa {
+    /// A CA whose subject is `/CN=lockrun test CA NAME` (give each CA its own name: a
+    /// verifier looks a certificate's issuer up by name).
+    pub fn new(name: &str) -> TestCa {
+        let dir = tempfile::Builder::new()
+            .prefix("lockrun-ca-")
+            .tempdir()
+            .expect("create CA dir");
+        openssl(
+            dir.path(),
+            &format!("req -x509 {EC} -keyout ca.key -out ca.pem -days 2"),
+            Some(&format!("CA {name}")),
+        );
+        TestCa { dir }
+    }
+
+    /// The CA's certificate (PEM).
+    pub fn ca(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// Issues a certificate with the subject `/CN=CN` and the extension line `ext` (say
+    /// `subjectAltName=IP:127.0.0.1`), valid for two days, or (with `expired`) for a
+    /// day in 2020; returns its certificate and key (mode 0600, as libpq wants), named
+    /// after `file`.
+    pub fn issue(&self, file: &str, cn: &str, ext: &str, expired: bool) -> (PathBuf, PathBuf) {
+        self.issue_signed(file, cn, ext, expired, "sha256")
+    }
+
+    /// [`TestCa::issue`], signed with the digest `digest` (`sha256`, `sha384`, ...).
+    pub fn issue_signed(
+        &self,
+        file: &str,
+        cn: &str,
+        ext: &str,
+        expired: bool,
+        digest: &str,
+    ) -> (PathBuf, PathBuf) {
+        let d = self.dir.path();
+        fs::write(d.join(format!("{file}.ext")), format!("{ext}\n")).unwrap();
+        let mut req = Command::new("openssl");
+        req.args(format!("req {EC} -keyout {file}.key -out {file}.csr").split_whitespace())
+            .args(["-subj", &format!("/CN={cn}")])
+            .current_dir(d)
+            .stdin(Stdio::null());
+        succeed(req, "openssl req");
+        let sign = format!(
+            "x509 -req -in {file}.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out \
+             {file}.pem -days {} -extfile {file}.ext -{digest}",
+            if expired { 1 } else { 2 }
+        );
+        let mut x509 = if expired {
+            let mut c = Command::new("faketime");
+            c.args(["2020-01-01 00:00:00", "openssl"]);
+            c
+        } else {
+            Command::new("openssl")
+        };
+        x509.args(sign.split_whitespace())
+            .current_dir(d)
+            .stdin(Stdio::null());
+        succeed(x509, "openssl x509 -req");
+        let key = d.join(format!("{file}.key"));
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o600)).unwrap();
+        (d.join(format!("{file}.pem")), key)
+    }
+}
+
+/// An EC P-256 key, unencrypted, for `openssl req`.
+const EC: &str = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+
+fn succeed(mut cmd: Command, what: &str) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("run {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
