@@ -71,6 +71,8 @@ mod rpc;
 mod slots;
 mod take;
 mod target;
+mod tls_stub;
+mod transport;
 mod value;
 mod wire;
 
@@ -80,7 +82,7 @@ use std::time::Duration;
 use crate::backend::conn::{Connection, Slot};
 use crate::backend::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::config::BackendConfig;
-use errors::{describe, never_sent};
+use errors::{explain, never_sent};
 use rpc::{Client, RpcError};
 use slots::SlotKeys;
 pub use target::{EtcdTarget, KIND};
@@ -193,7 +195,7 @@ impl EtcdBackend {
                 Err((e, member)) => {
                     tries -= 1;
                     if tries == 0 || !never_sent(&e) {
-                        return Err(describe(&e, self.member_name(member)));
+                        return Err(explain(&e, &self.target, self.member_name(member)).await);
                     }
                 }
             }
