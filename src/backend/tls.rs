@@ -1,8 +1,23 @@
-//! TLS material named in the environment, shared by the backends that speak TLS:
+//! TLS shared by the backends that speak it: the files named in the environment,
 //! `LOCKRUN_TLS_CA` (a private CA to trust instead of the system roots),
-//! `LOCKRUN_TLS_CERT` and `LOCKRUN_TLS_KEY` (a client certificate), all PEM files.
-//! Read once when the configuration is checked, so a missing file is a 125 before
-//! anything starts. Part of [`super`].
+//! `LOCKRUN_TLS_CERT` and `LOCKRUN_TLS_KEY` (a client certificate), all PEM files, read
+//! once when the configuration is checked, so a missing file is a 125 before anything
+//! starts ([`TlsFiles`]); the rustls client configuration for a server check of libpq's
+//! strengths ([`client_config`]: encrypt only, the chain, the chain and the name); and
+//! a refused certificate in a few words ([`certificate_problem`]). rustls with the ring
+//! provider; the system roots through rustls-native-certs. Part of [`super`].
+
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{
+    AlertDescription, CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore,
+    SignatureScheme,
+};
 
 use crate::config::ConfigError;
 
@@ -52,6 +67,338 @@ impl TlsFiles {
     }
 }
 
+/// How much of the server's certificate is checked (libpq's `sslmode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerCheck {
+    /// Nothing but the handshake's signature (libpq `require` without a root file):
+    /// encrypted, not authenticated.
+    EncryptOnly,
+    /// The chain up to a trusted root, its dates and purpose; any name (libpq `verify-ca`).
+    Chain,
+    /// The chain and the host name, or an IP address against the certificate's IP
+    /// addresses (libpq `verify-full`).
+    ChainAndName,
+}
+
+/// Which CAs are trusted.
+#[derive(Clone, Copy, Debug)]
+pub enum Roots<'a> {
+    /// The operating system's roots (rustls-native-certs: `/etc/ssl/certs` and
+    /// `SSL_CERT_FILE` / `SSL_CERT_DIR` on Linux).
+    System,
+    /// The certificates of a PEM file.
+    Pem(&'a [u8]),
+}
+
+/// A rustls client configuration (ring provider) that checks the server as `check`
+/// says against `roots` (unused for [`ServerCheck::EncryptOnly`]) and, with `client`
+/// (certificate chain and key, PEM), offers a client certificate. A file without a
+/// certificate, a key that cannot be read or does not match, no system roots: a
+/// one-line [`ConfigError::Backend`].
+pub fn client_config(
+    check: ServerCheck,
+    roots: Roots<'_>,
+    client: Option<(&[u8], &[u8])>,
+) -> Result<Arc<ClientConfig>, ConfigError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ConfigError::Backend(format!("cannot set up TLS: {e}")))?;
+    let verifier: Arc<dyn ServerCertVerifier> = match check {
+        ServerCheck::EncryptOnly => Arc::new(EncryptOnly(provider.clone())),
+        ServerCheck::Chain | ServerCheck::ChainAndName => {
+            let store = root_store(roots)?;
+            let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider)
+                .build()
+                .map_err(|e| ConfigError::Backend(format!("cannot use the CA file: {e}")))?;
+            if check == ServerCheck::Chain {
+                Arc::new(AnyName(webpki))
+            } else {
+                webpki
+            }
+        }
+    };
+    let builder = builder
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    let config = match client {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let chain = pem_certificates(cert).map_err(|why| {
+                ConfigError::Backend(format!("the client certificate file {why}"))
+            })?;
+            if chain.is_empty() {
+                return Err(ConfigError::Backend(
+                    "the client certificate file holds no PEM certificate".to_owned(),
+                ));
+            }
+            // The reason is not shown: it could quote the key.
+            let key = PrivateKeyDer::from_pem_slice(key).map_err(|_| {
+                ConfigError::Backend(
+                    "the client key file holds no usable private key (PEM: PKCS#8, PKCS#1 or SEC1)"
+                        .to_owned(),
+                )
+            })?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| match e {
+                    rustls::Error::InconsistentKeys(_) => ConfigError::Backend(
+                        "the client key does not belong to the client certificate".to_owned(),
+                    ),
+                    rustls::Error::General(why) => ConfigError::Backend(format!(
+                        "the client key file holds no usable private key ({why})"
+                    )),
+                    _ => ConfigError::Backend(format!(
+                        "cannot use the client certificate and key: {e}"
+                    )),
+                })?
+        }
+    };
+    Ok(Arc::new(config))
+}
+
+/// The certificates of a PEM file (an empty list if it has none), or why not.
+fn pem_certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("is not PEM: {e}"))
+}
+
+/// The trust anchors of `roots`.
+fn root_store(roots: Roots<'_>) -> Result<RootCertStore, ConfigError> {
+    let mut store = RootCertStore::empty();
+    match roots {
+        Roots::Pem(pem) => {
+            let certs = pem_certificates(pem)
+                .map_err(|why| ConfigError::Backend(format!("the CA file {why}")))?;
+            if certs.is_empty() {
+                return Err(ConfigError::Backend(
+                    "the CA file holds no PEM certificate".to_owned(),
+                ));
+            }
+            for cert in certs {
+                store.add(cert).map_err(|e| {
+                    ConfigError::Backend(format!(
+                        "the CA file holds a certificate that cannot be a root: {e}"
+                    ))
+                })?;
+            }
+        }
+        Roots::System => {
+            let found = rustls_native_certs::load_native_certs();
+            store.add_parsable_certificates(found.certs);
+            if store.is_empty() {
+                return Err(ConfigError::Backend(
+                    "no system root certificates were found (install ca-certificates, or \
+                     name a CA file)"
+                        .to_owned(),
+                ));
+            }
+        }
+    }
+    Ok(store)
+}
+
+/// The server's refused certificate (or our refused client certificate) found in the
+/// source chain of `err`, in a few words; `None` when no certificate was refused.
+pub fn certificate_problem(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if let Some(tls) = as_rustls(e) {
+            if let Some(line) = rustls_problem(tls) {
+                return Some(line);
+            }
+        }
+        // io::Error's source() skips the error it wraps: look inside first.
+        next = match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => match as_rustls(inner) {
+                Some(tls) => return rustls_problem(tls),
+                None => Some(inner),
+            },
+            None => e.source(),
+        };
+    }
+    None
+}
+
+fn as_rustls<'e>(e: &'e (dyn std::error::Error + 'static)) -> Option<&'e rustls::Error> {
+    e.downcast_ref::<rustls::Error>()
+}
+
+/// The words for a rustls error about a certificate, if it is one.
+fn rustls_problem(e: &rustls::Error) -> Option<String> {
+    const SERVER: &str = "the server's certificate";
+    Some(match e {
+        rustls::Error::InvalidCertificate(c) => match c {
+            CertificateError::UnknownIssuer => format!("{SERVER} is signed by an unknown CA"),
+            CertificateError::NotValidForNameContext {
+                expected,
+                presented,
+            } => {
+                let names = if presented.is_empty() {
+                    "none".to_owned()
+                } else {
+                    presented.join(", ")
+                };
+                format!(
+                    "{SERVER} is not valid for the host name {} (it names: {names})",
+                    show_name(expected)
+                )
+            }
+            CertificateError::NotValidForName => {
+                format!("{SERVER} is not valid for the host name")
+            }
+            CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+                format!("{SERVER} has expired")
+            }
+            CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+                format!("{SERVER} is not valid yet (check the clocks)")
+            }
+            CertificateError::Revoked => format!("{SERVER} has been revoked"),
+            CertificateError::BadSignature => format!(
+                "{SERVER} has a signature its trusted CA did not make (another CA of the same name?)"
+            ),
+            CertificateError::BadEncoding => format!("{SERVER} cannot be decoded"),
+            CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. } => {
+                format!("{SERVER} is not for a TLS server (its extended key usage)")
+            }
+            other => format!("{SERVER} was refused: {other:?}"),
+        },
+        rustls::Error::AlertReceived(alert) => match alert {
+            AlertDescription::CertificateRequired => {
+                "the server asked for a client certificate".to_owned()
+            }
+            AlertDescription::UnknownCA
+            | AlertDescription::BadCertificate
+            | AlertDescription::CertificateUnknown
+            | AlertDescription::UnsupportedCertificate
+            | AlertDescription::AccessDenied => {
+                "the server refused the client certificate".to_owned()
+            }
+            AlertDescription::CertificateExpired => {
+                "the server refused the client certificate: it has expired".to_owned()
+            }
+            AlertDescription::CertificateRevoked => {
+                "the server refused the client certificate: it has been revoked".to_owned()
+            }
+            _ => return None,
+        },
+        rustls::Error::NoCertificatesPresented => "the server presented no certificate".to_owned(),
+        _ => return None,
+    })
+}
+
+/// A server name as typed.
+fn show_name(name: &ServerName<'_>) -> String {
+    match name {
+        ServerName::DnsName(d) => d.as_ref().to_owned(),
+        ServerName::IpAddress(ip) => std::net::IpAddr::from(*ip).to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Checks the chain as [`WebPkiServerVerifier`] does but accepts any name (libpq
+/// `verify-ca`): webpki checks the chain (issuer, dates, purpose) before the name, so
+/// a name error means the chain was good.
+#[derive(Debug)]
+struct AnyName(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for AnyName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// Accepts any server certificate (libpq's `sslmode=require`) but checks that the
+/// handshake was signed with the key of the certificate presented.
+#[derive(Debug)]
+struct EncryptOnly(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for EncryptOnly {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,5 +426,245 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// Runs `openssl ARGS` in `dir`.
+    fn openssl(dir: &std::path::Path, args: &[&str]) {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A CA (`NAME.pem`) and a server certificate it signed (`NAME-server.pem`,
+    /// `.key`) for `san`, as EC keys (quick to make).
+    fn ca_and_server(dir: &std::path::Path, name: &str, san: &str) {
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        let ca_key = format!("{name}.key");
+        let ca = format!("{name}.pem");
+        let subject = format!("/CN=test CA {name}");
+        let mut args = vec!["req", "-x509", "-days", "2", "-subj", &subject];
+        args.extend(ec);
+        args.extend(["-keyout", &ca_key, "-out", &ca]);
+        openssl(dir, &args);
+        let key = format!("{name}-server.key");
+        let csr = format!("{name}-server.csr");
+        let pem = format!("{name}-server.pem");
+        let ext = format!("{name}.ext");
+        std::fs::write(dir.join(&ext), format!("subjectAltName={san}\n")).unwrap();
+        let mut args = vec!["req", "-subj", "/CN=test server"];
+        args.extend(ec);
+        args.extend(["-keyout", &key, "-out", &csr]);
+        openssl(dir, &args);
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                &ca,
+                "-CAkey",
+                &ca_key,
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+                "-out",
+                &pem,
+            ],
+        );
+    }
+
+    fn cert(dir: &std::path::Path, file: &str) -> CertificateDer<'static> {
+        CertificateDer::from_pem_file(dir.join(file)).unwrap()
+    }
+
+    #[test]
+    fn chain_ignores_the_name_but_not_the_issuer_and_chain_and_name_checks_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        ca_and_server(d, "a", "DNS:db.example,IP:127.0.0.1");
+        ca_and_server(d, "b", "DNS:db.example");
+        let ca = std::fs::read(d.join("a.pem")).unwrap();
+        let store = root_store(Roots::Pem(&ca)).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let full = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider)
+            .build()
+            .unwrap();
+        let any = AnyName(full.clone());
+        let good = cert(d, "a-server.pem");
+        let stranger = cert(d, "b-server.pem");
+        let now = UnixTime::now();
+        let name = |n: &str| ServerName::try_from(n.to_owned()).unwrap();
+        let check = |v: &dyn ServerCertVerifier, c: &CertificateDer<'_>, n: &str| {
+            v.verify_server_cert(c, &[], &name(n), &[], now)
+                .map(|_| ())
+                .map_err(|e| rustls_problem(&e).unwrap())
+        };
+        assert_eq!(check(&*full, &good, "db.example"), Ok(()));
+        assert_eq!(check(&*full, &good, "127.0.0.1"), Ok(()));
+        let wrong = check(&*full, &good, "other.example").unwrap_err();
+        assert!(
+            wrong.contains("not valid for the host name other.example")
+                && wrong.contains("db.example"),
+            "{wrong}"
+        );
+        let wrong_ip = check(&*full, &good, "127.0.0.2").unwrap_err();
+        assert!(wrong_ip.contains("host name 127.0.0.2"), "{wrong_ip}");
+        assert_eq!(check(&any, &good, "other.example"), Ok(()));
+        assert_eq!(check(&any, &good, "127.0.0.2"), Ok(()));
+        for v in [&*full as &dyn ServerCertVerifier, &any] {
+            assert_eq!(
+                check(v, &stranger, "db.example"),
+                Err("the server's certificate is signed by an unknown CA".to_owned())
+            );
+        }
+        // The public entry point builds for every check, with and without a client.
+        let key = std::fs::read(d.join("b-server.key")).unwrap();
+        let pem = std::fs::read(d.join("b-server.pem")).unwrap();
+        for check in [
+            ServerCheck::EncryptOnly,
+            ServerCheck::Chain,
+            ServerCheck::ChainAndName,
+        ] {
+            assert!(client_config(check, Roots::Pem(&ca), None).is_ok());
+            assert!(client_config(check, Roots::Pem(&ca), Some((&pem, &key))).is_ok());
+        }
+        // A key that is not the certificate's.
+        let other_key = std::fs::read(d.join("a-server.key")).unwrap();
+        assert_eq!(
+            client_config(
+                ServerCheck::Chain,
+                Roots::Pem(&ca),
+                Some((&pem, &other_key))
+            )
+            .unwrap_err()
+            .to_string(),
+            "the client key does not belong to the client certificate"
+        );
+    }
+
+    #[test]
+    fn files_without_certificates_or_keys_are_one_line_without_their_contents() {
+        let garbage = b"SECRET-KEY-MATERIAL\n".as_slice();
+        let no_ca = client_config(ServerCheck::ChainAndName, Roots::Pem(garbage), None)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(no_ca, "the CA file holds no PEM certificate");
+        let no_cert = client_config(
+            ServerCheck::EncryptOnly,
+            Roots::System,
+            Some((garbage, garbage)),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            no_cert,
+            "the client certificate file holds no PEM certificate"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        ca_and_server(dir.path(), "a", "DNS:x");
+        let pem = std::fs::read(dir.path().join("a-server.pem")).unwrap();
+        let bad_key = b"-----BEGIN PRIVATE KEY-----\nSECRETSECRET\n-----END PRIVATE KEY-----\n";
+        let no_key = client_config(
+            ServerCheck::EncryptOnly,
+            Roots::System,
+            Some((&pem, bad_key)),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            no_key.starts_with("the client key file holds no usable private key"),
+            "{no_key}"
+        );
+        assert!(!no_key.contains("SECRET") && !no_key.contains('\n'));
+        // Encrypt-only never reads the roots; the system's are found (ca-certificates).
+        assert!(client_config(ServerCheck::EncryptOnly, Roots::Pem(b""), None).is_ok());
+        assert!(client_config(ServerCheck::ChainAndName, Roots::System, None).is_ok());
+    }
+
+    /// An error that wraps another, as tokio-postgres' does.
+    #[derive(Debug)]
+    struct Wrapper(Box<dyn std::error::Error + Send + Sync>);
+    impl std::fmt::Display for Wrapper {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("error performing TLS handshake")
+        }
+    }
+    impl std::error::Error for Wrapper {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&*self.0)
+        }
+    }
+
+    #[test]
+    fn certificate_problems_are_found_inside_io_errors_and_wrappers() {
+        let wrapped = |e: rustls::Error| {
+            Wrapper(Box::new(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                e,
+            )))
+        };
+        let problem = |e: rustls::Error| certificate_problem(&wrapped(e));
+        assert_eq!(
+            problem(rustls::Error::InvalidCertificate(
+                CertificateError::UnknownIssuer
+            ))
+            .unwrap(),
+            "the server's certificate is signed by an unknown CA"
+        );
+        assert_eq!(
+            problem(rustls::Error::InvalidCertificate(
+                CertificateError::ExpiredContext {
+                    time: UnixTime::since_unix_epoch(std::time::Duration::from_secs(100)),
+                    not_after: UnixTime::since_unix_epoch(std::time::Duration::from_secs(50)),
+                }
+            ))
+            .unwrap(),
+            "the server's certificate has expired"
+        );
+        assert_eq!(
+            problem(rustls::Error::AlertReceived(
+                AlertDescription::CertificateRequired
+            ))
+            .unwrap(),
+            "the server asked for a client certificate"
+        );
+        assert_eq!(
+            problem(rustls::Error::AlertReceived(AlertDescription::UnknownCA)).unwrap(),
+            "the server refused the client certificate"
+        );
+        assert_eq!(
+            certificate_problem(&rustls::Error::InvalidCertificate(
+                CertificateError::NotValidYet
+            ))
+            .unwrap(),
+            "the server's certificate is not valid yet (check the clocks)"
+        );
+        assert_eq!(
+            problem(rustls::Error::AlertReceived(
+                AlertDescription::ProtocolVersion
+            )),
+            None
+        );
+        let plain = Wrapper(Box::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        assert_eq!(certificate_problem(&plain), None);
     }
 }
