@@ -12,8 +12,8 @@
 
 use super::rpc::RpcError;
 use super::target::EtcdTarget;
-use super::tls_stub::certificate_problem;
 use super::transport::{self, ConnectFailed};
+use crate::backend::tls::certificate_problem;
 use crate::backend::BackendError;
 
 /// gRPC status codes (numbers fixed by the gRPC protocol).
@@ -157,11 +157,11 @@ fn tls_line(e: &RpcError, target: &EtcdTarget, at: &str, look: Option<&Look>) ->
             use rustls::CertificateError as C;
             match c {
                 C::UnknownIssuer if private_ca => {
-                    "point LOCKRUN_TLS_CA at the CA that signed the server's certificate \
-                     (etcd's --cert-file): the one given did not"
+                    "LOCKRUN_TLS_CA is not that CA: point LOCKRUN_TLS_CA at the CA that signed \
+                     etcd's --cert-file"
                 }
                 C::UnknownIssuer => {
-                    "no CA of this system signed it: set LOCKRUN_TLS_CA to the CA that did"
+                    "set LOCKRUN_TLS_CA to the CA that signed it (no CA of this system did)"
                 }
                 C::NotValidForName | C::NotValidForNameContext { .. } => {
                     "connect by a name or address the certificate holds, or give etcd a \

@@ -71,7 +71,6 @@ mod rpc;
 mod slots;
 mod take;
 mod target;
-mod tls_stub;
 mod transport;
 mod value;
 mod wire;

@@ -10,10 +10,10 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::tls_stub::{client_config, Roots, ServerCheck};
 use super::EtcdBackend;
 use crate::backend::table::{host_list, split_userinfo};
 use crate::backend::tls::TlsFiles;
+use crate::backend::tls::{client_config, Roots, ServerCheck};
 use crate::backend::{AnyBackend, Kind, Target, UrlContext};
 use crate::config::{BackendConfig, ConfigError};
 
