@@ -43,7 +43,7 @@ pub enum Look {
 pub async fn explain(e: &RpcError, target: &EtcdTarget, at: &str) -> BackendError {
     let look = match &target.tls {
         None if closed(e) => transport::speaks_tls(at).await.then_some(Look::SpeaksTls),
-        Some(tls) if tls_cause(e).is_none() && (closed(e) || handshake_failed(e)) => {
+        Some(tls) if tls_cause(e).is_none() && (closed(e) || handshake_failed(e) || alert(e)) => {
             match transport::tls_refusal(tls.config.clone(), at).await {
                 Some(refused) => Some(Look::Refused(refused)),
                 None => transport::speaks_plain_h2(at)
@@ -121,6 +121,12 @@ fn closed(e: &RpcError) -> bool {
         || top(e).is_some_and(|t| chain(t).any(|c| c.to_string() == "connection closed"))
 }
 
+/// True when the server ended the connection with a TLS alert (known by its text only:
+/// HTTP/2 keeps no more of an I/O error).
+fn alert(e: &RpcError) -> bool {
+    top(e).is_some_and(|t| chain(t).any(|c| c.to_string().contains("received fatal alert")))
+}
+
 /// True when our connector's TLS handshake failed.
 fn handshake_failed(e: &RpcError) -> bool {
     top(e).is_some_and(|t| {
@@ -156,11 +162,12 @@ fn tls_line(e: &RpcError, target: &EtcdTarget, at: &str, look: Option<&Look>) ->
         rustls::Error::InvalidCertificate(c) => {
             use rustls::CertificateError as C;
             match c {
-                C::UnknownIssuer if private_ca => {
+                // A CA of the same name as the one that signed it: a bad signature.
+                C::UnknownIssuer | C::BadSignature if private_ca => {
                     "LOCKRUN_TLS_CA is not that CA: point LOCKRUN_TLS_CA at the CA that signed \
                      etcd's --cert-file"
                 }
-                C::UnknownIssuer => {
+                C::UnknownIssuer | C::BadSignature => {
                     "set LOCKRUN_TLS_CA to the CA that signed it (no CA of this system did)"
                 }
                 C::NotValidForName | C::NotValidForNameContext { .. } => {
