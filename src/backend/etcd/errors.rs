@@ -39,8 +39,13 @@ pub enum Look {
 
 /// Translates a client error from member `at` (`host:port`) of `target` into one line,
 /// after a look at the member when the error alone cannot tell the cause (see
-/// [`Look`]). A look takes a second at most, and happens only on these failures.
-pub async fn explain(e: &RpcError, target: &EtcdTarget, at: &str) -> BackendError {
+/// [`Look`]). A look takes a second at most, and happens only on these failures of a
+/// `fresh` connection (one that never had an answer: a connection that worked and
+/// broke says nothing about the scheme or the TLS files).
+pub async fn explain(e: &RpcError, target: &EtcdTarget, at: &str, fresh: bool) -> BackendError {
+    if !fresh {
+        return describe(e, target, at, None);
+    }
     let look = match &target.tls {
         None if closed(e) => transport::speaks_tls(at).await.then_some(Look::SpeaksTls),
         Some(tls) if tls_cause(e).is_none() && (closed(e) || handshake_failed(e) || alert(e)) => {

@@ -167,11 +167,11 @@ impl EtcdBackend {
     }
 
     /// Connects to member `member` (with credentials, this authenticates).
-    async fn connect(&self, member: u64) -> Result<EtcdConn, (RpcError, u64)> {
+    async fn connect(&self, member: u64) -> Result<EtcdConn, (RpcError, u64, bool)> {
         Client::connect(&self.target, self.member_name(member))
             .await
             .map(EtcdConn)
-            .map_err(|e| (e, member))
+            .map_err(|e| (e, member, false))
     }
 
     /// Runs `op` on the client. Any failure drops the client; so does abandoning the
@@ -187,14 +187,16 @@ impl EtcdBackend {
                 let c = self.slot.get(|member| self.connect(member)).await?;
                 let member = c.generation();
                 let reply = op(&c.0).await;
-                c.settle(reply).map_err(|e| (e, member))
+                let answered = c.0.answered();
+                c.settle(reply).map_err(|e| (e, member, answered))
             };
             match attempt.await {
                 Ok(v) => return Ok(v),
-                Err((e, member)) => {
+                Err((e, member, answered)) => {
                     tries -= 1;
                     if tries == 0 || !never_sent(&e) {
-                        return Err(explain(&e, &self.target, self.member_name(member)).await);
+                        let at = self.member_name(member);
+                        return Err(explain(&e, &self.target, at, !answered).await);
                     }
                 }
             }

@@ -12,6 +12,7 @@
 //! authenticates again, once for all the calls refused with that token, and is sent
 //! once more.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -62,6 +63,8 @@ pub struct Client {
     token: Mutex<Option<AsciiMetadataValue>>,
     /// Held while authenticating again, so that calls refused together do it once.
     login: tokio::sync::Mutex<()>,
+    /// The member has answered a call on this connection (see [`Client::answered`]).
+    answered: AtomicBool,
 }
 
 /// The answers on a stream of one request; the request side stays open (the call
@@ -110,6 +113,7 @@ impl Client {
             credentials: target.credentials.clone(),
             token: Mutex::new(None),
             login: tokio::sync::Mutex::new(()),
+            answered: AtomicBool::new(false),
         };
         client.authenticate().await?;
         Ok(client)
@@ -186,6 +190,12 @@ impl Client {
             .await
     }
 
+    /// True once the member has answered a call on this connection: the connection
+    /// worked, so a later failure says nothing about the scheme or TLS files.
+    pub fn answered(&self) -> bool {
+        self.answered.load(Ordering::Relaxed)
+    }
+
     fn token(&self) -> Option<AsciiMetadataValue> {
         self.token
             .lock()
@@ -258,6 +268,7 @@ impl Client {
         let reply = grpc
             .unary(request, PathAndQuery::from_static(path), codec)
             .await?;
+        self.answered.store(true, Ordering::Relaxed);
         Ok(reply.into_inner())
     }
 
@@ -294,6 +305,7 @@ impl Client {
             )
             .await?
             .into_inner();
+        self.answered.store(true, Ordering::Relaxed);
         Ok(Replies {
             stream,
             _open: open,
