@@ -1,7 +1,8 @@
 //! etcd over TLS (`etcds://`) against real `etcd` processes that serve clients over TLS
 //! only and demand a client certificate (`--client-cert-auth`): a run, a `--wait`
 //! hand-off, `status` and `release --force` with the CA and client certificate of
-//! `LOCKRUN_TLS_*`; members that are down or fail the TLS check passed over; every way
+//! `LOCKRUN_TLS_*`; a user and password over TLS (no warning); members that are down
+//! or fail the TLS check passed over; every way
 //! TLS is set up wrong ending in one line that says what to set; and the warning when a
 //! password would cross the network in clear text over `etcd://`. The contract itself
 //! runs over TLS in the conformance suite (`conformance::etcd_tls`).
@@ -72,6 +73,26 @@ fn etcds_runs_hands_off_shows_status_and_breaks_locks_with_a_client_certificate(
     assert!(!etcd.exists(&etcd_key("job")), "the lock is still there");
     broken.wait_for(Duration::from_secs(10)).assert_failure(124);
     assert_eq!(etcd.lease_count(), 0, "a lease was left behind");
+}
+
+#[test]
+fn a_user_and_password_go_over_tls_without_a_warning() {
+    let mut etcd = EtcdServer::start_tls(TlsFiles::generate(true));
+    etcd.enable_auth(PASSWORD);
+    // By name: the certificate's DNS name is checked (elsewhere, its IP address).
+    let url = format!("etcds://root@localhost:{}", etcd.port());
+    let run_with = |password: &str| {
+        let mut cmd = lockrun_run(&url, "job", &[], &["true"]);
+        cmd.env("LOCKRUN_PASSWORD", password);
+        run(with_tls(cmd, &etcd))
+    };
+    let f = run_with(PASSWORD);
+    f.assert_code(0);
+    assert_eq!(f.stderr, "", "no warning over TLS");
+    let f = run_with("wrong-Pw-0c3d");
+    f.assert_failure(125);
+    assert!(f.stderr.contains("refused authentication"), "{}", f.stderr);
+    assert!(!f.stderr.contains("wrong-Pw-0c3d") && !f.stderr.contains(PASSWORD));
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! The etcd backend (`etcd://host:port[,host:port...]`): the lock is a key attached to
-//! the holder's lease, kept alive while the command runs.
+//! The etcd backend (`etcd://host:port[,host:port...]`, `etcds://` over TLS): the lock
+//! is a key attached to the holder's lease, kept alive while the command runs.
 //!
 //! Lock `NAME` under prefix `P` is the key `PNAME`. Its value is JSON
 //! `{"token", "host", "pid", "since_ms"}` for `status` (`since_ms` by the holder's clock:

@@ -293,5 +293,19 @@ mod tests {
         );
         // No user, no password sent.
         assert_eq!(in_clear("etcd://10.0.0.2:2379", None), none);
+        // Over TLS, never.
+        let mut t = parse("etcd://root@10.0.0.2:2379", &ctx(&a, Some("pw"))).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        t.tls = Some(EtcdTls {
+            config: Arc::new(config),
+            private_ca: false,
+            client_cert: false,
+        });
+        assert!(password_in_clear(&t).is_empty());
     }
 }
