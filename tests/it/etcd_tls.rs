@@ -1,11 +1,11 @@
 //! etcd over TLS (`etcds://`) against real `etcd` processes that serve clients over TLS
 //! only and demand a client certificate (`--client-cert-auth`): a run, a `--wait`
 //! hand-off, `status` and `release --force` with the CA and client certificate of
-//! `LOCKRUN_TLS_*`; a user and password over TLS (no warning); members that are down
-//! or fail the TLS check passed over; every way
-//! TLS is set up wrong ending in one line that says what to set; and the warning when a
-//! password would cross the network in clear text over `etcd://`. The contract itself
-//! runs over TLS in the conformance suite (`conformance::etcd_tls`).
+//! `LOCKRUN_TLS_*`; a user and password over TLS (no warning); members that are down or
+//! fail the TLS check passed over; every way TLS is set up wrong ending in one line that
+//! says what to set; and the warning when a password would cross the network in clear
+//! text over `etcd://`. The contract itself runs over TLS in the conformance suite
+//! (`conformance::etcd_tls`).
 
 use std::process::Command;
 use std::time::Duration;

@@ -1,6 +1,7 @@
 //! lockrun's own gRPC client of one etcd member: one HTTP/2 connection (a `tonic`
-//! channel, no generated code; over TLS for `etcds://`), the etcd calls the backend makes as typed methods over
-//! the messages of [`super::wire`], and the authentication token. Part of [`super`];
+//! channel, no generated code; over TLS for `etcds://`), the etcd calls the backend
+//! makes as typed methods over the messages of [`super::wire`], and the authentication
+//! token. Part of [`super`];
 //! depends on [`super::wire`], [`super::target`] and [`super::transport`].
 //!
 //! Every request carries the metadata `hasleader: true`: a member cut off from the
