@@ -124,6 +124,9 @@ events! {
     /// A Redis server would not let lockrun check whether it may evict the lock (no
     /// INFO for this user): the lock was taken unchecked.
     EvictionUnchecked => "eviction_unchecked",
+    /// A password is sent over a connection without TLS to a host that is not this
+    /// machine (`etcd://` with a user to a member that is not loopback).
+    PasswordInClear => "password_in_clear",
 }
 
 /// The logger's settings.
@@ -278,6 +281,7 @@ mod tests {
                 "signal_ignored",
                 "password_file_mode",
                 "eviction_unchecked",
+                "password_in_clear",
             ]
         );
     }

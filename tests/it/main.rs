@@ -22,6 +22,7 @@ mod conformance;
 mod contention;
 mod docs;
 mod etcd;
+mod etcd_tls;
 mod exit_status;
 mod fencing;
 mod file_backend;

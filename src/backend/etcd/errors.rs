@@ -1,8 +1,19 @@
 //! etcd client errors ([`RpcError`]) translated into [`BackendError`]s: one line
 //! naming the member as `host:port` only, and the few answers the backend branches on
 //! (a lease that is gone, a request that never left). Part of [`super`].
+//!
+//! TLS (`etcds://`) has lines of its own, each saying what to set: the server's
+//! certificate not signed by the CA trusted (the line says whether `LOCKRUN_TLS_CA` is
+//! set), made for another name, expired; a client certificate demanded and not given,
+//! or refused; and the wrong scheme for the port. Those need a look at the member
+//! ([`explain`], through [`super::transport`]): `etcd://` at a TLS port and `etcds://`
+//! at a plain one both end in a closed connection, and a client certificate refused
+//! after a TLS 1.3 handshake reaches the gRPC call as text only.
 
 use super::rpc::RpcError;
+use super::target::EtcdTarget;
+use super::transport::{self, ConnectFailed};
+use crate::backend::tls::certificate_problem;
 use crate::backend::BackendError;
 
 /// gRPC status codes (numbers fixed by the gRPC protocol).
@@ -15,8 +26,47 @@ mod code {
     pub const UNAUTHENTICATED: i32 = 16;
 }
 
-/// Translates a client error into one line naming the member as `host:port` only.
-pub fn describe(e: &RpcError, at: &str) -> BackendError {
+/// What a look at the member's port found, for the error line.
+#[derive(Debug)]
+pub enum Look {
+    /// `etcd://`, and the port answers a TLS ClientHello.
+    SpeaksTls,
+    /// `etcds://`, and the port answers HTTP/2 without TLS.
+    SpeaksPlain,
+    /// `etcds://`, and a connection of its own failed with this TLS error.
+    Refused(rustls::Error),
+}
+
+/// Translates a client error from member `at` (`host:port`) of `target` into one line,
+/// after a look at the member when the error alone cannot tell the cause (see
+/// [`Look`]). A look takes a second at most, and happens only on these failures of a
+/// `fresh` connection (one that never had an answer: a connection that worked and
+/// broke says nothing about the scheme or the TLS files).
+pub async fn explain(e: &RpcError, target: &EtcdTarget, at: &str, fresh: bool) -> BackendError {
+    if !fresh {
+        return describe(e, target, at, None);
+    }
+    let look = match &target.tls {
+        None if closed(e) => transport::speaks_tls(at).await.then_some(Look::SpeaksTls),
+        Some(tls) if tls_cause(e).is_none() && (closed(e) || handshake_failed(e) || alert(e)) => {
+            match transport::tls_refusal(tls.config.clone(), at).await {
+                Some(refused) => Some(Look::Refused(refused)),
+                None => transport::speaks_plain_h2(at)
+                    .await
+                    .then_some(Look::SpeaksPlain),
+            }
+        }
+        _ => None,
+    };
+    describe(e, target, at, look.as_ref())
+}
+
+/// Translates a client error into one line naming the member as `host:port` only;
+/// `look` is what a look at the member found, if one was made.
+pub fn describe(e: &RpcError, target: &EtcdTarget, at: &str, look: Option<&Look>) -> BackendError {
+    if let Some(line) = tls_line(e, target, at, look) {
+        return BackendError::Refused(line);
+    }
     match e {
         RpcError::Status(s) => {
             let io = io_reason(s);
@@ -37,6 +87,144 @@ pub fn describe(e: &RpcError, at: &str) -> BackendError {
             BackendError::Refused(format!("etcd at {at} cannot be used: {what}"))
         }
         RpcError::Broken(what) => BackendError::Unavailable(format!("etcd at {at} failed: {what}")),
+    }
+}
+
+/// The error at the top of `e`'s chain of causes, if it has one.
+fn top(e: &RpcError) -> Option<&(dyn std::error::Error + 'static)> {
+    match e {
+        RpcError::Status(s) => Some(s),
+        RpcError::Transport(t) => Some(t),
+        RpcError::Invalid(_) | RpcError::Broken(_) => None,
+    }
+}
+
+/// Each error in the chain of causes from `top`, looking inside I/O errors (whose own
+/// `source()` skips the error they carry).
+fn chain<'e>(
+    top: &'e (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'e (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(top), |e| {
+        match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        }
+    })
+}
+
+/// rustls' error in `e`'s chain: the handshake of our connector keeps it.
+fn tls_cause(e: &RpcError) -> Option<&rustls::Error> {
+    chain(top(e)?).find_map(|c| c.downcast_ref::<rustls::Error>())
+}
+
+/// True when the connection was closed under the call (or the TLS handshake).
+fn closed(e: &RpcError) -> bool {
+    top(e).is_some_and(|t| io_reason(t).as_deref() == Some("connection closed"))
+        || top(e).is_some_and(|t| chain(t).any(|c| c.to_string() == "connection closed"))
+}
+
+/// True when the server ended the connection with a TLS alert (known by its text only:
+/// HTTP/2 keeps no more of an I/O error).
+fn alert(e: &RpcError) -> bool {
+    top(e).is_some_and(|t| chain(t).any(|c| c.to_string().contains("received fatal alert")))
+}
+
+/// True when our connector's TLS handshake failed.
+fn handshake_failed(e: &RpcError) -> bool {
+    top(e).is_some_and(|t| {
+        chain(t).any(|c| matches!(c.downcast_ref(), Some(ConnectFailed::Handshake(_))))
+    })
+}
+
+/// The line for a TLS failure, or for the wrong scheme for the port, if `e` (with
+/// what `look` found) is one.
+fn tls_line(e: &RpcError, target: &EtcdTarget, at: &str, look: Option<&Look>) -> Option<String> {
+    let tls = target.tls.as_ref();
+    let refused = match look {
+        Some(Look::SpeaksTls) => {
+            return Some(format!(
+                "etcd at {at} speaks TLS on that port: use etcds:// (and LOCKRUN_TLS_CA for a \
+                 private CA)"
+            ))
+        }
+        Some(Look::SpeaksPlain) => {
+            return Some(format!(
+                "etcd at {at} answers without TLS on that port: use etcd:// for it, or \
+                 etcds:// with a port where etcd serves TLS (an https:// URL of its \
+                 --listen-client-urls)"
+            ))
+        }
+        Some(Look::Refused(r)) => r,
+        None => tls_cause(e)?,
+    };
+    let private_ca = tls.is_some_and(|t| t.private_ca);
+    let client_cert = tls.is_some_and(|t| t.client_cert);
+    let problem = certificate_problem(refused).unwrap_or_else(|| format!("TLS failed ({refused})"));
+    let fix = match refused {
+        rustls::Error::InvalidCertificate(c) => certificate_fix(c, private_ca),
+        rustls::Error::AlertReceived(alert) => match alert_line(*alert, client_cert, at) {
+            Some(line) => return Some(line),
+            None => "check etcd's TLS settings (--cipher-suites)",
+        },
+        _ => "check that the port is etcd's, and its TLS settings",
+    };
+    Some(format!("etcd at {at}: {problem}: {fix}"))
+}
+
+/// What to do about the server's certificate refused for `c`; `private_ca`:
+/// `LOCKRUN_TLS_CA` is set.
+fn certificate_fix(c: &rustls::CertificateError, private_ca: bool) -> &'static str {
+    use rustls::CertificateError as C;
+    match c {
+        // A CA of the same name as the one that signed it: a bad signature.
+        C::UnknownIssuer | C::BadSignature if private_ca => {
+            "LOCKRUN_TLS_CA is not that CA: point LOCKRUN_TLS_CA at the CA that signed \
+             etcd's --cert-file"
+        }
+        C::UnknownIssuer | C::BadSignature => {
+            "set LOCKRUN_TLS_CA to the CA that signed it (no CA of this system did)"
+        }
+        C::NotValidForName | C::NotValidForNameContext { .. } => {
+            "connect by a name or address the certificate holds, or give etcd a certificate \
+             for this one"
+        }
+        C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. } => {
+            "renew the server's certificate (or set this machine's clock)"
+        }
+        _ => "check the server's certificate (etcd's --cert-file)",
+    }
+}
+
+/// The line for the server's alert, if it is about our client certificate or the lack
+/// of one (`client_cert`: one was given). A TLS 1.2 server says HandshakeFailure when
+/// none was sent.
+fn alert_line(alert: rustls::AlertDescription, client_cert: bool, at: &str) -> Option<String> {
+    use rustls::AlertDescription as A;
+    let about_ours = matches!(
+        alert,
+        A::CertificateRequired
+            | A::BadCertificate
+            | A::UnsupportedCertificate
+            | A::CertificateRevoked
+            | A::CertificateExpired
+            | A::CertificateUnknown
+            | A::UnknownCA
+            | A::AccessDenied
+            | A::DecryptError
+    ) || (alert == A::HandshakeFailure && !client_cert);
+    match (about_ours, client_cert) {
+        (false, _) => None,
+        (true, false) => Some(format!(
+            "etcd at {at} demands a client certificate: set LOCKRUN_TLS_CERT and \
+             LOCKRUN_TLS_KEY to one signed by a CA it trusts (its --trusted-ca-file)"
+        )),
+        (true, true) => Some(format!(
+            "etcd at {at} did not accept the client certificate of LOCKRUN_TLS_CERT \
+             ({alert:?}): use one signed by a CA it trusts (its --trusted-ca-file)"
+        )),
     }
 }
 
@@ -115,6 +303,13 @@ pub fn never_sent(e: &RpcError) -> bool {
     };
     let mut cur = Some(top);
     while let Some(e) = cur {
+        // Our TLS connector: no request is sent before the handshake is done.
+        if matches!(
+            e.downcast_ref(),
+            Some(ConnectFailed::Tcp(_) | ConnectFailed::Handshake(_))
+        ) {
+            return true;
+        }
         if e.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
         {
@@ -184,7 +379,7 @@ mod tests {
         let describe_chain = |cause: Box<dyn std::error::Error + Send + Sync>| {
             let transport = Chain("transport error", Some(cause));
             let status = tonic::Status::from_error(Box::new(transport));
-            describe(&RpcError::Status(status), "h:1")
+            describe(&RpcError::Status(status), &target(None), "h:1", None)
         };
         let h2 = Chain("connection error detected: frame with invalid size", None);
         let want = "etcd at h:1 is not available: transport error (connection error \
@@ -199,6 +394,137 @@ mod tests {
             describe_chain(Box::new(reset)),
             BackendError::Unavailable(want.into())
         );
+    }
+
+    /// A target of one member, `h:1`, with TLS (`Some((private_ca, client_cert))`) or not.
+    fn target(tls: Option<(bool, bool)>) -> EtcdTarget {
+        let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        EtcdTarget {
+            members: vec!["h:1".into()],
+            credentials: None,
+            tls: tls.map(|(private_ca, client_cert)| super::super::target::EtcdTls {
+                config: std::sync::Arc::new(config),
+                private_ca,
+                client_cert,
+            }),
+        }
+    }
+
+    /// The error of our connector when the handshake failed with `refused`.
+    fn handshake(refused: rustls::Error) -> RpcError {
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, refused);
+        let failed = ConnectFailed::Handshake(io);
+        RpcError::Status(tonic::Status::from_error(Box::new(failed)))
+    }
+
+    #[test]
+    fn tls_failures_say_what_to_set() {
+        use rustls::{AlertDescription as A, CertificateError as C, Error as E};
+        let name = C::NotValidForName;
+        let cases: [(E, (bool, bool), &str, &str); 7] = [
+            (
+                E::InvalidCertificate(C::UnknownIssuer),
+                (false, false),
+                "set LOCKRUN_TLS_CA",
+                "point",
+            ),
+            (
+                E::InvalidCertificate(C::UnknownIssuer),
+                (true, false),
+                "point LOCKRUN_TLS_CA at",
+                "set LOCKRUN_TLS_CA",
+            ),
+            (
+                E::InvalidCertificate(name),
+                (true, false),
+                "a name or address the certificate holds",
+                "LOCKRUN_TLS_CA",
+            ),
+            (
+                E::InvalidCertificate(C::Expired),
+                (true, false),
+                "renew the server's certificate",
+                "LOCKRUN_TLS_CA",
+            ),
+            (
+                E::AlertReceived(A::CertificateRequired),
+                (true, false),
+                "demands a client certificate: set LOCKRUN_TLS_CERT",
+                "LOCKRUN_TLS_CA",
+            ),
+            (
+                E::AlertReceived(A::HandshakeFailure),
+                (true, false),
+                "demands a client certificate",
+                "LOCKRUN_TLS_CA",
+            ),
+            (
+                E::AlertReceived(A::BadCertificate),
+                (true, true),
+                "did not accept the client certificate of LOCKRUN_TLS_CERT",
+                "LOCKRUN_TLS_CA",
+            ),
+        ];
+        for (refused, tls, says, never) in cases {
+            let what = format!("{refused:?} {tls:?}");
+            let e = describe(&handshake(refused.clone()), &target(Some(tls)), "h:1", None);
+            let BackendError::Refused(line) = e else {
+                panic!("{what}: not refused: {e:?}")
+            };
+            assert!(line.starts_with("etcd at h:1"), "{what}: {line}");
+            assert!(line.contains(says), "{what}: {says:?} in {line}");
+            assert!(!line.contains(never), "{what}: {never:?} in {line}");
+            // Found by a look of its own (a refusal after a TLS 1.3 handshake): the same.
+            let closed = RpcError::Broken("closed".into());
+            let look = Look::Refused(refused);
+            let by_look = describe(&closed, &target(Some(tls)), "h:1", Some(&look));
+            assert_eq!(by_look, BackendError::Refused(line), "{what}");
+        }
+    }
+
+    #[test]
+    fn the_wrong_scheme_for_the_port_names_the_right_one() {
+        let closed = RpcError::Broken("closed".into());
+        let e = describe(&closed, &target(None), "h:1", Some(&Look::SpeaksTls));
+        assert_eq!(
+            e,
+            BackendError::Refused(
+                "etcd at h:1 speaks TLS on that port: use etcds:// (and LOCKRUN_TLS_CA for a \
+                 private CA)"
+                    .into()
+            )
+        );
+        let e = describe(
+            &closed,
+            &target(Some((true, true))),
+            "h:1",
+            Some(&Look::SpeaksPlain),
+        );
+        let line = e.to_string();
+        assert!(
+            line.contains("answers without TLS on that port: use etcd://"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn a_failed_handshake_or_tcp_connection_sent_nothing() {
+        let refused = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        assert!(never_sent(&handshake(refused)));
+        let tcp = ConnectFailed::Tcp(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert!(never_sent(&RpcError::Status(tonic::Status::from_error(
+            Box::new(tcp)
+        ))));
+        let h2 = Chain("connection error detected: frame with invalid size", None);
+        assert!(!never_sent(&RpcError::Status(tonic::Status::from_error(
+            Box::new(h2)
+        ))));
     }
 
     /// An error with a message and maybe a cause, as the transport's errors are.

@@ -1,5 +1,5 @@
-//! The etcd backend (`etcd://host:port[,host:port...]`): the lock is a key attached to
-//! the holder's lease, kept alive while the command runs.
+//! The etcd backend (`etcd://host:port[,host:port...]`, `etcds://` over TLS): the lock
+//! is a key attached to the holder's lease, kept alive while the command runs.
 //!
 //! Lock `NAME` under prefix `P` is the key `PNAME`. Its value is JSON
 //! `{"token", "host", "pid", "since_ms"}` for `status` (`since_ms` by the holder's clock:
@@ -71,6 +71,7 @@ mod rpc;
 mod slots;
 mod take;
 mod target;
+mod transport;
 mod value;
 mod wire;
 
@@ -80,7 +81,7 @@ use std::time::Duration;
 use crate::backend::conn::{Connection, Slot};
 use crate::backend::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::config::BackendConfig;
-use errors::{describe, never_sent};
+use errors::{explain, never_sent};
 use rpc::{Client, RpcError};
 use slots::SlotKeys;
 pub use target::{EtcdTarget, KIND};
@@ -166,11 +167,11 @@ impl EtcdBackend {
     }
 
     /// Connects to member `member` (with credentials, this authenticates).
-    async fn connect(&self, member: u64) -> Result<EtcdConn, (RpcError, u64)> {
+    async fn connect(&self, member: u64) -> Result<EtcdConn, (RpcError, u64, bool)> {
         Client::connect(&self.target, self.member_name(member))
             .await
             .map(EtcdConn)
-            .map_err(|e| (e, member))
+            .map_err(|e| (e, member, false))
     }
 
     /// Runs `op` on the client. Any failure drops the client; so does abandoning the
@@ -186,14 +187,16 @@ impl EtcdBackend {
                 let c = self.slot.get(|member| self.connect(member)).await?;
                 let member = c.generation();
                 let reply = op(&c.0).await;
-                c.settle(reply).map_err(|e| (e, member))
+                let answered = c.0.answered();
+                c.settle(reply).map_err(|e| (e, member, answered))
             };
             match attempt.await {
                 Ok(v) => return Ok(v),
-                Err((e, member)) => {
+                Err((e, member, answered)) => {
                     tries -= 1;
                     if tries == 0 || !never_sent(&e) {
-                        return Err(describe(&e, self.member_name(member)));
+                        let at = self.member_name(member);
+                        return Err(explain(&e, &self.target, at, !answered).await);
                     }
                 }
             }

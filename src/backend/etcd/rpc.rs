@@ -1,7 +1,8 @@
 //! lockrun's own gRPC client of one etcd member: one HTTP/2 connection (a `tonic`
-//! channel, no generated code), the etcd calls the backend makes as typed methods over
-//! the messages of [`super::wire`], and the authentication token. Part of [`super`];
-//! depends on [`super::wire`] and [`super::target`].
+//! channel, no generated code; over TLS for `etcds://`), the etcd calls the backend
+//! makes as typed methods over the messages of [`super::wire`], and the authentication
+//! token. Part of [`super`];
+//! depends on [`super::wire`], [`super::target`] and [`super::transport`].
 //!
 //! Every request carries the metadata `hasleader: true`: a member cut off from the
 //! others answers "no leader" instead of serving a stale watch or a keep-alive it cannot
@@ -12,6 +13,7 @@
 //! authenticates again, once for all the calls refused with that token, and is sent
 //! once more.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -24,6 +26,7 @@ use tonic::{Code, Status, Streaming};
 use tonic_prost::ProstCodec;
 
 use super::target::EtcdTarget;
+use super::transport::TlsConnector;
 use super::wire::{self, path};
 
 /// How long to try a TCP connection to one member before calling it unreachable.
@@ -61,6 +64,8 @@ pub struct Client {
     token: Mutex<Option<AsciiMetadataValue>>,
     /// Held while authenticating again, so that calls refused together do it once.
     login: tokio::sync::Mutex<()>,
+    /// The member has answered a call on this connection (see [`Client::answered`]).
+    answered: AtomicBool,
 }
 
 /// The answers on a stream of one request; the request side stays open (the call
@@ -77,28 +82,39 @@ impl<T> Replies<T> {
     }
 }
 
-/// How member `member` (`host:port`) is reached: HTTP/2 over plain TCP, with the
-/// connect timeout. This is the one place that knows; TLS (`etcds://`) would build an
-/// `https://` endpoint with `Endpoint::tls_config` here (tonic's `tls-ring` feature,
-/// configured from the target) and change nothing else.
-fn endpoint(_target: &EtcdTarget, member: &str) -> Result<Endpoint, RpcError> {
-    let endpoint = Endpoint::from_shared(format!("http://{member}"))
-        .map_err(|e| RpcError::Invalid(format!("its address is not usable ({e})")))?;
-    Ok(endpoint.connect_timeout(CONNECT_TIMEOUT))
+/// How member `member` (`host:port`) is reached: HTTP/2 over plain TCP (`etcd://`) or
+/// over TLS (`etcds://`, through [`TlsConnector`]), with the connect timeout (for TLS,
+/// the handshake included). This is the one place that knows.
+async fn channel(target: &EtcdTarget, member: &str) -> Result<Channel, RpcError> {
+    let scheme = if target.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let endpoint = Endpoint::from_shared(format!("{scheme}://{member}"))
+        .map_err(|e| RpcError::Invalid(format!("its address is not usable ({e})")))?
+        .connect_timeout(CONNECT_TIMEOUT);
+    let made = match &target.tls {
+        None => endpoint.connect().await,
+        Some(tls) => {
+            endpoint
+                .connect_with_connector(TlsConnector::new(tls.config.clone()))
+                .await
+        }
+    };
+    made.map_err(RpcError::Transport)
 }
 
 impl Client {
     /// Connects to `member` of `target` and, with credentials, authenticates.
     pub async fn connect(target: &EtcdTarget, member: &str) -> Result<Client, RpcError> {
-        let channel = endpoint(target, member)?
-            .connect()
-            .await
-            .map_err(RpcError::Transport)?;
+        let channel = channel(target, member).await?;
         let client = Client {
             grpc: Grpc::new(channel),
             credentials: target.credentials.clone(),
             token: Mutex::new(None),
             login: tokio::sync::Mutex::new(()),
+            answered: AtomicBool::new(false),
         };
         client.authenticate().await?;
         Ok(client)
@@ -175,6 +191,12 @@ impl Client {
             .await
     }
 
+    /// True once the member has answered a call on this connection: the connection
+    /// worked, so a later failure says nothing about the scheme or TLS files.
+    pub fn answered(&self) -> bool {
+        self.answered.load(Ordering::Relaxed)
+    }
+
     fn token(&self) -> Option<AsciiMetadataValue> {
         self.token
             .lock()
@@ -247,6 +269,7 @@ impl Client {
         let reply = grpc
             .unary(request, PathAndQuery::from_static(path), codec)
             .await?;
+        self.answered.store(true, Ordering::Relaxed);
         Ok(reply.into_inner())
     }
 
@@ -283,6 +306,7 @@ impl Client {
             )
             .await?
             .into_inner();
+        self.answered.store(true, Ordering::Relaxed);
         Ok(Replies {
             stream,
             _open: open,

@@ -138,6 +138,7 @@ conformance! {
     sentinel => SentinelService::start();
     postgres => Postgres::start();
     etcd => EtcdServer::start();
+    etcd_tls => EtcdTls::start();
     zookeeper => ZkServer::start();
 }
 

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use super::{lockrun, run, EtcdServer, Mode, PrivatePg, Proxy, RedisServer, Sentinel};
+use super::{lockrun, run, EtcdServer, Mode, PrivatePg, Proxy, RedisServer, Sentinel, TlsFiles};
 
 /// A lock service under test.
 pub trait Service: Send + Sync {
@@ -38,6 +38,10 @@ pub trait Service: Send + Sync {
     }
     /// Options this backend needs besides `--url` (a table name, ...).
     fn options(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Environment variables lockrun needs for it (TLS files, ...).
+    fn env(&self) -> Vec<(&'static str, String)> {
         Vec::new()
     }
     /// Proxies the service keeps in front of servers it hands out the address of
@@ -129,6 +133,7 @@ impl Backend {
             .args(self.url_args())
             .args(self.service.options());
         cmd.args(opts).arg(name).arg("--").args(command);
+        cmd.envs(self.service.env());
         cmd
     }
 
@@ -137,6 +142,7 @@ impl Backend {
         let mut cmd = lockrun();
         cmd.arg(subcommand).args(self.url_args());
         cmd.args(self.service.options()).args(args);
+        cmd.envs(self.service.env());
         cmd
     }
 
@@ -300,6 +306,43 @@ impl Service for EtcdServer {
     }
     fn resume(&self) {
         EtcdServer::resume(self);
+    }
+}
+
+/// etcd over TLS (`etcds://`): its own single-member cluster serving clients over TLS
+/// only and demanding a client certificate, reached with a private CA and a client
+/// certificate (`LOCKRUN_TLS_*`) through proxies on 127.0.0.1, an address its
+/// certificate holds.
+pub struct EtcdTls(EtcdServer);
+
+impl EtcdTls {
+    /// Makes a CA and certificates, and starts the server.
+    pub fn start() -> EtcdTls {
+        EtcdTls(EtcdServer::start_tls(TlsFiles::generate(true)))
+    }
+}
+
+impl Service for EtcdTls {
+    fn ports(&self) -> Vec<u16> {
+        vec![self.0.port()]
+    }
+    fn url_via(&self, via: u16) -> String {
+        format!("etcds://127.0.0.1:{via}")
+    }
+    fn env(&self) -> Vec<(&'static str, String)> {
+        self.0.tls_env()
+    }
+    fn kill(&mut self) {
+        self.0.kill();
+    }
+    fn restart(&mut self) {
+        self.0.restart();
+    }
+    fn pause(&self) {
+        self.0.pause();
+    }
+    fn resume(&self) {
+        self.0.resume();
     }
 }
 

@@ -1,7 +1,9 @@
 //! A private `etcd`: one single-member cluster per test on free 127.0.0.1 ports, with its
 //! data in a temporary directory, killed on drop, and restarted with its data on demand.
 //! The tests look at it with `etcdctl` (not with lockrun's own client), so what they see
-//! does not depend on the code under test.
+//! does not depend on the code under test. [`EtcdServer::start_tls`] serves clients over
+//! TLS only (`etcds://`), on 127.0.0.1 and on 127.0.0.2 (an address its certificate does
+//! not hold), demanding a client certificate if the files say so.
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -12,7 +14,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use tempfile::TempDir;
 
-use super::{free_port, serial, signal_pid, WAIT};
+use super::{free_port, serial, signal_pid, TlsFiles, WAIT};
 
 /// How long a fresh etcd may take to elect itself and serve.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -27,11 +29,24 @@ pub struct EtcdServer {
     child: Option<Child>,
     /// `user:password` for etcdctl once authentication is on.
     auth: Option<String>,
+    /// The server's certificate, its CA and a client certificate, when clients speak TLS.
+    tls: Option<TlsFiles>,
 }
 
 impl EtcdServer {
     /// Starts etcd and waits until it serves requests.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// Starts etcd serving clients over TLS with `files`' server certificate, demanding
+    /// a client certificate its CA signed if `files.require_client_cert`
+    /// (`--client-cert-auth`).
+    pub fn start_tls(files: TlsFiles) -> Self {
+        Self::start_with(Some(files))
+    }
+
+    fn start_with(tls: Option<TlsFiles>) -> Self {
         serial::side_by_side();
         let dir = tempfile::Builder::new()
             .prefix("lockrun-etcd-")
@@ -44,6 +59,7 @@ impl EtcdServer {
             spawned: 0,
             child: None,
             auth: None,
+            tls,
         };
         let mut last_err = String::new();
         // A free port can be taken by someone else before etcd binds it: try a few, each
@@ -84,7 +100,8 @@ impl EtcdServer {
     fn spawn(&mut self) -> Result<(), String> {
         self.spawned += 1;
         let log = self.dir.path().join(format!("etcd-{}.log", self.spawned));
-        self.child = Some(spawn_etcd(&self.data(), &log, self.port, self.peer)?);
+        let (port, peer, tls) = (self.port, self.peer, self.tls.as_ref());
+        self.child = Some(spawn_etcd(&self.data(), &log, port, peer, tls)?);
         Ok(())
     }
 
@@ -93,9 +110,27 @@ impl EtcdServer {
         self.port
     }
 
-    /// `etcd://127.0.0.1:PORT`.
+    /// `etcd://127.0.0.1:PORT` (`etcds://` for a server of [`EtcdServer::start_tls`]).
     pub fn url(&self) -> String {
-        format!("etcd://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "etcds" } else { "etcd" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// The TLS files of a server of [`EtcdServer::start_tls`].
+    pub fn tls_files(&self) -> &TlsFiles {
+        self.tls.as_ref().expect("etcd does not speak TLS")
+    }
+
+    /// `LOCKRUN_TLS_CA`, `_CERT` and `_KEY` that let lockrun in (the CA and client
+    /// certificate of [`EtcdServer::tls_files`]).
+    pub fn tls_env(&self) -> Vec<(&'static str, String)> {
+        let files = self.tls_files();
+        let path = |name: &str| files.path(name).display().to_string();
+        vec![
+            ("LOCKRUN_TLS_CA", path("ca.pem")),
+            ("LOCKRUN_TLS_CERT", path("client.pem")),
+            ("LOCKRUN_TLS_KEY", path("client.key")),
+        ]
     }
 
     /// The server's pid (panics when it is not running).
@@ -124,9 +159,19 @@ impl EtcdServer {
     /// `etcdctl ARGS` against this server, not started yet.
     fn etcdctl_command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new("etcdctl");
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         cmd.env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints=127.0.0.1:{}", self.port))
+            .arg(format!("--endpoints={scheme}://127.0.0.1:{}", self.port))
             .arg("--command-timeout=5s");
+        if let Some(files) = &self.tls {
+            for (flag, name) in [
+                ("cacert", "ca.pem"),
+                ("cert", "client.pem"),
+                ("key", "client.key"),
+            ] {
+                cmd.arg(format!("--{flag}={}", files.path(name).display()));
+            }
+        }
         if let Some(auth) = &self.auth {
             cmd.arg(format!("--user={auth}"));
         }
@@ -268,14 +313,46 @@ pub fn etcd_slot_key(name: &str, slot: u32) -> String {
     }
 }
 
-fn spawn_etcd(data: &Path, log_path: &Path, port: u16, peer: u16) -> Result<Child, String> {
+fn spawn_etcd(
+    data: &Path,
+    log_path: &Path,
+    port: u16,
+    peer: u16,
+    tls: Option<&TlsFiles>,
+) -> Result<Child, String> {
     let log = File::create(log_path).map_err(|e| e.to_string())?;
-    let client = format!("http://127.0.0.1:{port}");
+    let mut cmd = Command::new("etcd");
+    let (client, listen, serving) = match tls {
+        None => {
+            let client = format!("http://127.0.0.1:{port}");
+            let serving = vec![format!(
+                "serving insecure client requests on 127.0.0.1:{port}"
+            )];
+            (client.clone(), client, serving)
+        }
+        Some(files) => {
+            let file = |name: &str| files.path(name).display().to_string();
+            cmd.arg(format!("--cert-file={}", file("server.pem")))
+                .arg(format!("--key-file={}", file("server.key")));
+            if files.require_client_cert {
+                cmd.arg("--client-cert-auth")
+                    .arg(format!("--trusted-ca-file={}", file("ca.pem")));
+            }
+            let client = format!("https://127.0.0.1:{port}");
+            let listen = format!("{client},https://127.0.0.2:{port}");
+            // etcd 3.4 says so for each TLS listener (for a plain one, "insecure" comes
+            // before "client").
+            let serving = ["127.0.0.1", "127.0.0.2"]
+                .map(|ip| format!("serving client requests on {ip}:{port}"))
+                .to_vec();
+            (client, listen, serving)
+        }
+    };
     let peer = format!("http://127.0.0.1:{peer}");
-    let mut child = Command::new("etcd")
+    let mut child = cmd
         .arg("--name=t")
         .arg(format!("--data-dir={}", data.display()))
-        .arg(format!("--listen-client-urls={client}"))
+        .arg(format!("--listen-client-urls={listen}"))
         .arg(format!("--advertise-client-urls={client}"))
         .arg(format!("--listen-peer-urls={peer}"))
         .arg(format!("--initial-advertise-peer-urls={peer}"))
@@ -288,9 +365,7 @@ fn spawn_etcd(data: &Path, log_path: &Path, port: u16, peer: u16) -> Result<Chil
     let start = Instant::now();
     loop {
         let text = fs::read_to_string(log_path).unwrap_or_default();
-        if text.contains(&format!(
-            "serving insecure client requests on 127.0.0.1:{port}"
-        )) {
+        if serving.iter().all(|line| text.contains(line)) {
             return Ok(child);
         }
         if let Ok(Some(status)) = child.try_wait() {

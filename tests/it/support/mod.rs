@@ -38,7 +38,7 @@ mod zookeeper;
 use std::net::TcpListener;
 use std::time::Duration;
 
-pub use backends::{Backend, FileService, Postgres, Quorum, SentinelService, Service};
+pub use backends::{Backend, EtcdTls, FileService, Postgres, Quorum, SentinelService, Service};
 pub use clock::{boottime, FakeClock};
 pub use cluster::RedisCluster;
 pub use etcd::{etcd_key, etcd_slot_key, EtcdServer};
