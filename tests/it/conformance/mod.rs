@@ -137,6 +137,7 @@ conformance! {
     redlock => Quorum::start();
     sentinel => SentinelService::start();
     postgres => Postgres::start();
+    pgbouncer => PgBouncerService::start();
     etcd => EtcdServer::start();
     zookeeper => ZkServer::start();
 }
