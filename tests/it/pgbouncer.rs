@@ -142,7 +142,7 @@ fn first_come_first_served(
         said.iter().all(|&n| n <= 1),
         "said more than once: {said:?}"
     );
-    let polled = said.iter().any(|&n| n == 1);
+    let polled = said.contains(&1);
     // Every run that waited says how it waits, the same way.
     for r in all
         .iter()
