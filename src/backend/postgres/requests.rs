@@ -139,9 +139,10 @@ impl PostgresBackend {
         self.wake.store(wake as u8, Ordering::Relaxed);
         if !direct {
             let msg = format!(
-                "no release notifications from PostgreSQL at {}: it is reached through a \
-                 connection pooler (PgBouncer?), where LISTEN does not work; waiting for \
-                 lock {name:?} polls instead, every {} ms when first in the queue",
+                "no release notifications from PostgreSQL at {}: a connection pooler \
+                 (PgBouncer?) answers for the server, and LISTEN needs a session of the \
+                 server's own; waiting for lock {name:?} polls instead (every {} ms when \
+                 first in the queue)",
                 self.display,
                 crate::backend::MIN_WAIT_SLICE.as_millis()
             );
@@ -365,16 +366,16 @@ impl Backend for PostgresBackend {
 
     async fn wait_for_release(
         &self,
-        name: &str,
+        _name: &str,
         busy: &Holder,
         max: Duration,
     ) -> Result<(), BackendError> {
+        // Polling: the first waiter promptly, the others as far back as they are.
         if self.wake() != Wake::Notified {
             let ahead = self.ahead.load(Ordering::Relaxed);
             tokio::time::sleep(poll_slice(ahead, busy.ttl_left, max)).await;
             return Ok(());
         }
-        let _ = name;
         let slice = wait_slice(busy.ttl_left, max);
         // The connection's end (`None`) forgets it: the next call listens again.
         slot::wait_for_wakeup(&self.slot, PgConn::wakeups, slice, async |w| w.recv().await).await;
@@ -388,5 +389,36 @@ impl Backend for PostgresBackend {
         self.leave_queue(name).await;
         self.close().await;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::MIN_WAIT_SLICE;
+
+    #[test]
+    fn the_first_waiter_polls_promptly_and_the_others_by_their_place() {
+        let (ms, long) = (Duration::from_millis, Duration::from_secs(60));
+        for _ in 0..100 {
+            let first = poll_slice(0, long, long);
+            assert!(first >= MIN_WAIT_SLICE && first < ms(150), "{first:?}");
+            let third = poll_slice(2, long, long);
+            assert!(third >= ms(500) && third < ms(550), "{third:?}");
+            let far = poll_slice(1000, long, long);
+            assert!(
+                far >= MAX_WAIT_SLICE && far < MAX_WAIT_SLICE + ms(50),
+                "{far:?}"
+            );
+            // Never past the lease's end (but not faster than the floor), nor the wait left.
+            let ending = poll_slice(5, ms(300), long);
+            assert!(ending >= ms(300) && ending < ms(350), "{ending:?}");
+            assert_eq!(poll_slice(5, long, ms(20)), ms(20));
+        }
+    }
+
+    #[test]
+    fn a_waiters_place_outlasts_three_of_its_longest_sleeps() {
+        assert_eq!(WAITER_ALIVE, MAX_WAIT_SLICE * 3);
     }
 }

@@ -483,6 +483,33 @@ mod tests {
     }
 
     #[test]
+    fn every_step_is_a_transaction_with_local_settings_only() {
+        assert!(!LOCAL_SETTINGS.replace("SET LOCAL", "").contains("SET "));
+        assert!(begin(None).starts_with("BEGIN; SET LOCAL synchronous_commit = on;"));
+        assert!(begin(Some(7)).ends_with("; SELECT pg_advisory_xact_lock(7)"));
+    }
+
+    #[test]
+    fn acquisitions_read_the_queue_locked_and_admit_only_with_no_waiter_ahead() {
+        let sql = Sql::new("t");
+        let (plain, slot) = (&sql.acquire, &sql.acquire_slot);
+        assert!(plain.contains("q AS (SELECT token FROM t WHERE name = $7 FOR UPDATE)"));
+        assert!(slot.contains("q AS (SELECT token FROM t WHERE name = $8 FOR UPDATE)"));
+        assert!(plain.contains("AND (SELECT n FROM ahead) = 0"), "{plain}");
+        assert!(slot.contains("(SELECT n FROM ahead) < (SELECT count(*) FROM seen WHERE NOT live)"));
+        // The queue is rewritten from the row as written, and leaves the queue row of
+        // the name to the cleanup of no one.
+        for s in [plain, slot] {
+            assert!(s.contains("unnest(string_to_array(r.token, ' '))"), "{s}");
+            assert!(s.contains("WHERE NOT EXISTS (SELECT 1 FROM taken)"), "{s}");
+        }
+        assert!(plain.contains("name <> $1 AND name <> $7"));
+        assert!(slot.contains("name <> $7 AND name <> $8"));
+        assert!(sql.leave.starts_with("UPDATE t AS r SET token = "));
+        assert!(!sql.leave.contains("taken"), "{}", sql.leave);
+    }
+
+    #[test]
     fn holders_of_a_plain_lock_and_of_a_semaphore_have_their_statements() {
         let sql = Sql::new("t");
         assert_eq!(sql.on_token(OnToken::Extend, 1), (&*sql.extend, false));
