@@ -98,7 +98,8 @@ pub(super) fn name_lock_id(table: &str, key: &str) -> i64 {
 /// a slot only while fewer live waiters came before it than slots are free (so a
 /// second slot freed goes to the second waiter), and a waiter that takes none joins
 /// or keeps its place. Every answer ends with that count of waiters ahead; blocked by
-/// them with no holder to answer, the answer is an unknown holder.
+/// them with no live holder to answer (slots free for the waiters ahead), the answer
+/// is an unknown holder.
 ///
 /// A slot taken that had no row cleans up as the plain statement does, never a row of
 /// this name.

@@ -242,7 +242,8 @@ impl Sql {
 /// The queue of waiters ([`queue`]) comes first: a free lock is taken only by a caller
 /// with no live waiter before it (`ahead`), and a waiter joins or stays in the queue
 /// when it takes nothing. Every answer ends with that count of waiters ahead; blocked
-/// by them with no row to answer (a lock row gone), the answer is an unknown holder.
+/// by them with no live holder to answer (the lock is free, and the first waiter takes
+/// it at its next try), the answer is an unknown holder, not the last one.
 ///
 /// A name without a row (in the statement's snapshot; a one-time filter, so that an
 /// acquisition of a known name scans nothing more) also cleans up ([`cleanup`]),
@@ -272,10 +273,11 @@ fn acquire(table: &str, seq: &str) -> String {
          SELECT false, {busy}, (SELECT n FROM ahead) FROM {table} r \
          WHERE r.name = $1 AND NOT EXISTS (SELECT 1 FROM taken) \
          AND NOT EXISTS (SELECT 1 FROM lim) \
+         AND ((SELECT n FROM ahead) = 0 OR r.expires_at > now() AND r.token <> '') \
          UNION ALL \
          SELECT false, {UNKNOWN}, 1::bigint, n FROM ahead \
-         WHERE n > 0 AND NOT EXISTS (SELECT 1 FROM lim) \
-         AND NOT EXISTS (SELECT 1 FROM {table} WHERE name = $1)",
+         WHERE n > 0 AND NOT EXISTS (SELECT 1 FROM lim) AND NOT EXISTS ( \
+           SELECT 1 FROM {table} WHERE name = $1 AND expires_at > now() AND token <> '')",
         QUEUE = queue(table, "$7", "$8"),
         TAKE_EXPIRED = take_expired(seq),
         REQUEUE = requeue(table, "$7", "$8", "$9"),
@@ -319,7 +321,7 @@ pub(super) fn queue(table: &str, qkey: &str, id: &str) -> String {
     format!(
         "q AS (SELECT token FROM {table} WHERE name = {qkey} FOR UPDATE), \
          waiters AS ( \
-           SELECT x.i, x.id FROM q, LATERAL {e} x WHERE x.until > {NOW_MS}), \
+           SELECT x.i, x.id, x.until FROM q, LATERAL {e} x WHERE x.until > {NOW_MS}), \
          ahead AS ( \
            SELECT count(*) AS n FROM waiters WHERE id <> {id} \
            AND i < coalesce((SELECT min(i) FROM waiters WHERE id = {id}), {LAST}))",
@@ -353,11 +355,13 @@ fn rewrite(list: &str, id: &str, stay: Option<(&str, &str)>) -> String {
 
 /// The CTE `requeued` of an acquisition by waiter `id` (not empty: a caller that will
 /// wait) that reads the queue with [`queue`]: when it took nothing, it joins the queue
-/// row `qkey` (or keeps its place, for `alive` milliseconds more); when it took the
-/// lock (`taken`, a CTE), it leaves the queue. Nothing is written for a caller not
-/// waiting, nor for one that took the lock without having queued. The rewrite starts
-/// from the row as it is when written (`r`), not as read: a queue row made by another
-/// statement meanwhile keeps its entries.
+/// row `qkey` (or keeps its place, for `alive` milliseconds more, at most once a
+/// second: the first waiter tries every 100 ms, and need not write each time); when it
+/// took the lock (`taken`, a CTE), it leaves the queue. Nothing is
+/// written for a caller not waiting, nor for one that took the lock without having
+/// queued. The rewrite starts from the row as it is when written (`r`), not as read: a
+/// queue row made by another statement meanwhile keeps its entries; it drops the
+/// places that lapsed.
 pub(super) fn requeue(table: &str, qkey: &str, id: &str, alive: &str) -> String {
     let stay = "NOT EXISTS (SELECT 1 FROM taken)";
     format!(
@@ -365,7 +369,10 @@ pub(super) fn requeue(table: &str, qkey: &str, id: &str, alive: &str) -> String 
            INSERT INTO {table} AS r (name, token, fence, host, pid, since, expires_at) \
            SELECT {qkey}, {id} || ':' || ({NOW_MS} + {alive}), 0, '', 0, now(), \
              now() + {alive} * interval '1 millisecond' \
-           WHERE {id} <> '' AND ({stay} OR EXISTS (SELECT 1 FROM waiters WHERE id = {id})) \
+           WHERE {id} <> '' AND CASE WHEN {stay} \
+             THEN NOT EXISTS (SELECT 1 FROM waiters \
+               WHERE id = {id} AND until > {NOW_MS} + {alive} - 1000) \
+             ELSE EXISTS (SELECT 1 FROM waiters WHERE id = {id}) END \
            ON CONFLICT (name) DO UPDATE SET token = {list}, \
              expires_at = greatest(r.expires_at, excluded.expires_at))",
         list = rewrite("r.token", id, Some((stay, alive))),
