@@ -27,7 +27,7 @@
 //! or released one). Each sees every such step committed before it and none runs
 //! beside it; the write itself keeps the plain statement's conflict clause, safe
 //! against writers without the lock (a plain lockrun, an older one). A plain lock's
-//! steps take no lock and keep their one statement. Renewal and release name the
+//! steps take no advisory lock and keep their one statement. Renewal and release name the
 //! token's slot (remembered from the acquisition; for a token whose acquisition's
 //! answer was lost, any of the N slots). `lockrun status --slots N` and
 //! `release --force --slots N` read and free every slot.
@@ -46,8 +46,8 @@
 //! name without a row, could come out below a token already handed out for that name
 //! only if its statement drew it before that token was drawn and inserted after that
 //! token's row was deleted, that is, a day after that lease ended: no statement of ours
-//! runs that long (`statement_timeout` 10 s, `lock_timeout` 5 s; and one autocommit
-//! statement never waits a day on another). A semaphore's tokens are all drawn under
+//! runs that long (`statement_timeout` 10 s, `lock_timeout` 5 s; and one step's
+//! transaction never waits a day on another). A semaphore's tokens are all drawn under
 //! the name's lock. Tokens come from the sequence, not from the row, so they keep
 //! increasing once the row is gone.
 //!
@@ -69,17 +69,17 @@
 //! - the fencing token is `nextval` of the sequence, taken inside the acquiring write
 //!   while it holds the row lock (a semaphore's: and the name's lock), so it is larger
 //!   than every token committed before for that name, whatever the slot, and durable
-//!   with the commit (every transaction asks for `synchronous_commit = on`, and the sequence
-//!   caches nothing). One sequence for the table: tokens increase over every name.
+//!   with the commit (every transaction asks for `synchronous_commit = on`, and the
+//!   sequence caches nothing). One sequence for the table: tokens increase over every name.
 //!
 //! **Waiters** (`--wait`) queue first come first served in the table itself, in a row
 //! per name, `PREFIX + NAME#queue` (`sql::queue`): each waiter's random id and the
 //! time its place lapses, in the order they came. Every acquisition reads it, locked,
 //! in the same statement: a free lock (a free slot) is taken only by a caller with no
 //! live waiter before it (with N slots, fewer than the free slots), and a waiter that
-//! takes nothing joins the queue or keeps its place, for [`WAITER_ALIVE`] more; one
+//! takes nothing joins the queue or keeps its place, for `WAITER_ALIVE` more; one
 //! that takes the lock, or gives up, leaves it. A waiter that stops trying (crashed,
-//! frozen, its host gone) loses its place within [`WAITER_ALIVE`]. No session state
+//! frozen, its host gone) loses its place within `WAITER_ALIVE` (6 s). No session state
 //! is involved (no session advisory lock, no setting), so the queue works the same
 //! through a transaction pool (PgBouncer `pool_mode = transaction`), where each
 //! transaction may run on another server connection.
@@ -94,7 +94,7 @@
 //! when it talks to the server itself: the process id in the connection's cancel key
 //! (BackendKeyData) is the server process's own, `pg_backend_pid()`; a pooler (PgBouncer,
 //! in any pool mode) makes up a key of its own. Otherwise it says so once (`-v`) and
-//! polls ([`poll_slice`]): the first waiter every [`crate::backend::MIN_WAIT_SLICE`],
+//! polls (`requests::poll_slice`): the first waiter every [`crate::backend::MIN_WAIT_SLICE`],
 //! the others more slowly the further back they are, at most every
 //! [`crate::backend::MAX_WAIT_SLICE`].
 //!
@@ -104,7 +104,7 @@
 //! moving the statement elsewhere. Statements are unnamed (`query_typed`: no named
 //! prepared statement, which PgBouncer before 1.21 cannot carry in a transaction
 //! pool). Statement pooling (`pool_mode = statement`) allows no transaction: refused
-//! with one line ([`statement_pooling`]).
+//! with one line (`statement_pooling`).
 //!
 //! The connection lives in a [`crate::backend::conn::Slot`]: made lazily, dropped after
 //! any error or abandoned call (the caller's timeout), made anew on the next call.
