@@ -6,7 +6,8 @@
 //! - `lease`, `fencing`, `contention`: the lease, tokens and waiting, against Redis;
 //! - `conformance`: SPEC's contract, written once and run against every backend;
 //! - `redis_keys`, `redis_slots`, `redis_eviction`, `redis_cluster`, `redlock`, `sentinel`,
-//!   `postgres`, `etcd`, `file_backend`, `auth`, `tls`: what only one backend has;
+//!   `postgres`, `pgbouncer`, `etcd`, `file_backend`, `auth`, `tls`: what only one backend
+//!   has (`pgbouncer`: PostgreSQL through PgBouncer);
 //!   `redis_acl`, `redis_errors`: the ACL rule the README states, and the line of each
 //!   misconfigured Redis connection; `redis_proxies`: Redis behind twemproxy, and servers
 //!   without `HELLO` or `SUBSCRIBE`;
@@ -30,6 +31,7 @@ mod fuzz;
 mod lease;
 mod metrics;
 mod operations;
+mod pgbouncer;
 mod postgres;
 mod postgres_tls;
 mod redis_acl;

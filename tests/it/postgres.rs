@@ -175,11 +175,12 @@ fn sslmode_require_encrypts_the_connection() {
     .args(["job", "--"])
     .args(sh(HOLD));
     let (mut holder, _) = hold(cmd, &s);
-    let ssl = t.db.value(&format!(
+    // lockrun's session (its last query is a step's COMMIT: every step is a
+    // transaction).
+    let ssl = t.db.value(
         "SELECT bool_and(s.ssl)::text FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
-         WHERE a.application_name = 'lockrun' AND a.query LIKE '%{}%'",
-        t.name
-    ));
+         WHERE a.application_name = 'lockrun' AND a.pid <> pg_backend_pid()",
+    );
     s.touch("go");
     holder.wait().assert_code(0);
     assert_eq!(
@@ -719,23 +720,20 @@ fn hold_at_least_keeps_a_slot() {
     first.wait().assert_code(0);
 }
 
-/// The queue of a semaphore's waiters, as the server sees it: (granted, waiting)
-/// session-level advisory locks of one bigint key (the queue locks; the name locks of
-/// acquisitions last a statement).
-fn queue(t: &Table) -> (u32, u32) {
-    let sql =
-        "SELECT count(*) FILTER (WHERE granted) || ' ' || count(*) FILTER (WHERE NOT granted) \
-               FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1";
-    let v = t.db.value(sql).unwrap_or_default();
-    let (g, w) = v.split_once(' ').unwrap_or(("0", "0"));
-    (g.parse().unwrap_or(0), w.parse().unwrap_or(0))
+/// How many waiters of lock "job" have a live place in its queue row (`KEY#queue`:
+/// `id:until_ms` entries).
+fn queue(t: &Table) -> u32 {
+    let sql = "SELECT count(*) FROM $T q, unnest(string_to_array(q.token, ' ')) e(v) \
+               WHERE q.name = $K || '#queue' \
+               AND split_part(e.v, ':', 2)::bigint > (extract(epoch FROM now()) * 1000)::bigint";
+    t.sql("job", sql).and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
 /// A lockrun whose command runs [`HOLD_SLOT`] in its scratch directory.
 type Run = (Running, Scratch);
 
-/// Two holders of a semaphore of 2, then two waiters, the first at the head of the
-/// queue: returns them (holders, waiters) once the server shows that queue.
+/// Two holders of a semaphore of 2, then two waiters, one after the other: returns
+/// them (holders, waiters) once the queue row holds both.
 fn full_semaphore_with_two_waiters(t: &Table) -> (Vec<Run>, Vec<Run>) {
     let opts = ["--slots", "2", "--ttl", "30s", "--renew-every", "1s"];
     let holders: Vec<Run> = (0..2)
@@ -758,15 +756,13 @@ fn full_semaphore_with_two_waiters(t: &Table) -> (Vec<Run>, Vec<Run>) {
         });
         waiters.push((r, s));
     }
-    wait_until("one waiter heads the queue, one waits behind", WAIT, || {
-        queue(t) == (1, 1)
-    });
+    wait_until("both waiters are in the queue", WAIT, || queue(t) == 2);
     (holders, waiters)
 }
 
-/// The head of a queue that stops trying (frozen) is ended by the server after
-/// `sql::HEAD_IDLE`: the waiter behind it takes the slot freed meanwhile, long before
-/// its --wait runs out.
+/// The head of a queue that stops trying (frozen) loses its place after
+/// `WAITER_ALIVE` (6 s): the waiter behind it takes the slot freed meanwhile, long
+/// before its --wait runs out.
 #[test]
 fn a_frozen_head_of_the_queue_lets_the_next_waiter_on() {
     let t = Table::private();
@@ -779,7 +775,7 @@ fn a_frozen_head_of_the_queue_lets_the_next_waiter_on() {
         waiters[1].1.exists("started")
     });
     let took = freed.elapsed();
-    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert!(took < Duration::from_secs(12), "took {took:?}");
     waiters[0].0.signal(Signal::SIGCONT);
     for (r, s) in holders.iter_mut().chain(waiters.iter_mut()) {
         s.touch("go");
@@ -787,17 +783,15 @@ fn a_frozen_head_of_the_queue_lets_the_next_waiter_on() {
     }
 }
 
-/// A killed head of the queue leaves it with its connection: the next waiter heads it
-/// at once and takes the next slot freed.
+/// A killed head of the queue loses its place once it lapses (`WAITER_ALIVE`, 6 s);
+/// then the next waiter takes the next slot freed at once.
 #[test]
 fn a_killed_head_of_the_queue_lets_the_next_waiter_on() {
     let t = Table::private();
     let (mut holders, mut waiters) = full_semaphore_with_two_waiters(&t);
     waiters[0].0.signal(Signal::SIGKILL);
     waiters[0].0.wait();
-    wait_until("the second waiter heads the queue", WAIT, || {
-        queue(&t) == (1, 0)
-    });
+    wait_until("the killed waiter's place lapses", WAIT, || queue(&t) == 1);
     let freed = Instant::now();
     holders[1].1.touch("go");
     holders[1].0.wait().assert_code(0);
@@ -832,7 +826,7 @@ fn a_queued_waiter_gives_up_when_its_wait_runs_out() {
         took >= Duration::from_millis(1500) && took < Duration::from_secs(5),
         "gave up after {took:?}"
     );
-    assert_eq!(queue(&t), (1, 1), "the queue changed");
+    assert_eq!(queue(&t), 2, "the queue changed");
     for (r, s) in holders.iter_mut().chain(waiters.iter_mut()) {
         s.touch("go");
         r.wait().assert_code(0);

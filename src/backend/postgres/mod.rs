@@ -27,7 +27,7 @@
 //! or released one). Each sees every such step committed before it and none runs
 //! beside it; the write itself keeps the plain statement's conflict clause, safe
 //! against writers without the lock (a plain lockrun, an older one). A plain lock's
-//! steps take no lock and keep their one statement. Renewal and release name the
+//! steps take no advisory lock and keep their one statement. Renewal and release name the
 //! token's slot (remembered from the acquisition; for a token whose acquisition's
 //! answer was lost, any of the N slots). `lockrun status --slots N` and
 //! `release --force --slots N` read and free every slot.
@@ -46,8 +46,8 @@
 //! name without a row, could come out below a token already handed out for that name
 //! only if its statement drew it before that token was drawn and inserted after that
 //! token's row was deleted, that is, a day after that lease ended: no statement of ours
-//! runs that long (`statement_timeout` 10 s, `lock_timeout` 5 s; and one autocommit
-//! statement never waits a day on another). A semaphore's tokens are all drawn under
+//! runs that long (`statement_timeout` 10 s, `lock_timeout` 5 s; and one step's
+//! transaction never waits a day on another). A semaphore's tokens are all drawn under
 //! the name's lock. Tokens come from the sequence, not from the row, so they keep
 //! increasing once the row is gone.
 //!
@@ -56,7 +56,8 @@
 //! sent; a statement that fails (an interval out of range) writes nothing. The limit
 //! row's is one of its slots'.
 //!
-//! Every step is ONE statement, atomic on the server (see `sql.rs` and `slots.rs`):
+//! Every step is ONE statement (in its transaction), atomic on the server (see
+//! `sql.rs` and `slots.rs`):
 //! - expiry is judged by the database's clock, `now()`: the start of the statement's own
 //!   transaction (in the name lock's transaction, `statement_timestamp()`, the start of
 //!   the statement after the wait for the lock). It is one value for the whole
@@ -68,27 +69,48 @@
 //! - the fencing token is `nextval` of the sequence, taken inside the acquiring write
 //!   while it holds the row lock (a semaphore's: and the name's lock), so it is larger
 //!   than every token committed before for that name, whatever the slot, and durable
-//!   with the commit (the session asks for `synchronous_commit = on`, and the sequence
-//!   caches nothing). One sequence for the table: tokens increase over every name.
+//!   with the commit (every transaction asks for `synchronous_commit = on`, and the
+//!   sequence caches nothing). One sequence for the table: tokens increase over every name.
 //!
-//! `--wait`ers LISTEN on a channel per lock (`lockrun_` + a hash of table and key; one
-//! for every slot of a semaphore); a release NOTIFYs it in the same statement, so the
-//! wake-up is sent exactly when the release commits. A plain lock's waiters are all
-//! woken and race. A semaphore's waiters queue first come first served on a
-//! session-level advisory lock of the name, which PostgreSQL grants in the order it was
-//! asked for (`slots::join_queue`): its holder, the head, is the only waiter that
-//! tries again when woken (or when the lease it waits for ends), and lets the queue
-//! lock go once it has a slot, which makes the next waiter the head at once; a second
-//! slot freed meanwhile goes to it. A waiter leaves the queue with its session: when it
-//! gives up, crashes, or (PostgreSQL 14 and later) stops trying for
-//! `slots::HEAD_IDLE` while at the head (frozen, its host gone). Wake-ups ride on the
-//! connection, which a spawned task drives.
+//! **Waiters** (`--wait`) queue first come first served in the table itself, in a row
+//! per name, `PREFIX + NAME#queue` (`sql::queue`): each waiter's random id and the
+//! time its place lapses, in the order they came. Every acquisition reads it, locked,
+//! in the same statement: a free lock (a free slot) is taken only by a caller with no
+//! live waiter before it (with N slots, fewer than the free slots), and a waiter that
+//! takes nothing joins the queue or keeps its place, for `WAITER_ALIVE` more; one
+//! that takes the lock, or gives up, leaves it. A waiter that stops trying (crashed,
+//! frozen, its host gone) loses its place within `WAITER_ALIVE` (6 s). No session state
+//! is involved (no session advisory lock, no setting), so the queue works the same
+//! through a transaction pool (PgBouncer `pool_mode = transaction`), where each
+//! transaction may run on another server connection.
+//!
+//! Wake-ups: a release NOTIFYs a channel per lock (`lockrun_` + a hash of table and
+//! key; one for every slot of a semaphore) in the same statement, so it is sent exactly
+//! when the release commits; waiters that LISTEN are all woken and ask again, and the
+//! queue lets the first of them in. LISTEN needs a session of our own: through a
+//! transaction pool it lands on a server connection that PgBouncer then hands to
+//! others, and a notification reaching it while no client is linked makes PgBouncer
+//! drop it ("got packet 'A' from server when not linked"). So a waiter LISTENs only
+//! when it talks to the server itself: the process id in the connection's cancel key
+//! (BackendKeyData) is the server process's own, `pg_backend_pid()`; a pooler (PgBouncer,
+//! in any pool mode) makes up a key of its own. Otherwise it says so once (`-v`) and
+//! polls (`requests::poll_slice`): the first waiter every [`crate::backend::MIN_WAIT_SLICE`],
+//! the others more slowly the further back they are, at most every
+//! [`crate::backend::MAX_WAIT_SLICE`].
+//!
+//! Every step is one transaction, sent in one round trip (`BEGIN` with its `SET LOCAL`
+//! settings, `sql::begin`; the statement; `COMMIT`): settings never outlive it on a
+//! server connection a pool shares, and an explicit transaction keeps a pool from
+//! moving the statement elsewhere. Statements are unnamed (`query_typed`: no named
+//! prepared statement, which PgBouncer before 1.21 cannot carry in a transaction
+//! pool). Statement pooling (`pool_mode = statement`) allows no transaction: refused
+//! with one line (`statement_pooling`).
 //!
 //! The connection lives in a [`crate::backend::conn::Slot`]: made lazily, dropped after
 //! any error or abandoned call (the caller's timeout), made anew on the next call.
 //!
 //! Files: `target.rs` (the URL and `--pg-table`), `sql.rs` (the statements),
-//! `slots.rs` (a semaphore's keys and statements, the name's lock, the queue),
+//! `slots.rs` (a semaphore's keys and statements, the name's lock, the queue's key),
 //! `requests.rs` (the lock's requests and the reading of their answers), `errors.rs`
 //! (error lines), `tls.rs` (rustls for `sslmode`).
 
@@ -100,11 +122,13 @@ mod target;
 mod tls;
 
 use std::future::poll_fn;
-use std::sync::atomic::AtomicBool;
-use std::sync::Mutex;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicU8};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
@@ -114,12 +138,28 @@ use tokio_postgres::{AsyncMessage, Client, Connection as PgConnection, NoTls, Ro
 use crate::backend::conn::{Connection, InUse, Slot, Wakeups};
 use crate::backend::BackendError;
 use crate::config::BackendConfig;
-use slots::name_lock;
-use sql::{channel, Sql, SESSION};
+use sql::{begin, channel, Sql};
 pub use target::{PgArgs, PostgresTarget, KIND};
 
 /// The longest a polite close may take before the connection is just dropped.
 const CLOSE_TIME: Duration = Duration::from_millis(200);
+
+/// How long a waiter's place in the queue lasts after each try: three of its longest
+/// sleeps between two tries ([`crate::backend::MAX_WAIT_SLICE`]), so a loaded machine
+/// does not lose it its place, and a waiter that stopped trying blocks the queue no
+/// longer.
+pub(super) const WAITER_ALIVE: Duration =
+    Duration::from_secs(3 * crate::backend::MAX_WAIT_SLICE.as_secs());
+
+/// How a waiter learns that the lock may be free (see the module doc): not known yet,
+/// from NOTIFY on a session of its own, or by polling through a pooler.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Wake {
+    Unknown = 0,
+    Notified = 1,
+    Polling = 2,
+}
 
 /// A lock backend on PostgreSQL.
 pub struct PostgresBackend {
@@ -135,6 +175,12 @@ pub struct PostgresBackend {
     held: Mutex<Option<(String, u32)>>,
     sql: Box<Sql>,
     waiting: bool,
+    /// This run's id in the waiters' queue (random hex), or empty when it will not wait.
+    waiter: String,
+    /// How many live waiters were ahead of this one at its last try.
+    ahead: AtomicU64,
+    /// How this waiter is woken ([`Wake`]), found out when it first waits.
+    wake: AtomicU8,
     slot: Slot<PgConn>,
 }
 
@@ -146,9 +192,9 @@ struct PgConn {
     /// Wake-ups from NOTIFY (at most one pending: one is as good as many), once the
     /// connection LISTENs on the lock's channel.
     wakeups: Wakeups<mpsc::Receiver<()>>,
-    /// The session holds its semaphore's queue lock: it is the head of the waiters
-    /// (`slots::join_queue`). The lock ends with the session.
-    queued: AtomicBool,
+    /// The process id of the cancel key the server gave (BackendKeyData), if read: the
+    /// server process's own unless a pooler answers for it.
+    key_pid: Option<i32>,
 }
 
 impl PgConn {
@@ -187,6 +233,12 @@ impl PostgresBackend {
             slots: config.slots,
             held: Mutex::new(None),
             waiting,
+            waiter: match waiting {
+                true => format!("{:016x}", crate::token::random_u64()),
+                false => String::new(),
+            },
+            ahead: AtomicU64::new(0),
+            wake: AtomicU8::new(Wake::Unknown as u8),
             slot: Slot::default(),
         }
     }
@@ -231,22 +283,17 @@ impl PostgresBackend {
             let (client, conn) = config.connect(NoTls).await.map_err(|e| self.error(&e))?;
             (client, tokio::spawn(drive(conn, wake)))
         };
-        let conn = PgConn {
+        let key_pid = key_pid(&client).await;
+        Ok(PgConn {
             client,
             driver,
             wakeups: Wakeups::new(Some(wakeups)),
-            queued: AtomicBool::new(false),
-        };
-        match conn.client.batch_execute(SESSION).await {
-            Ok(()) => Ok(conn),
-            Err(e) => {
-                conn.discard();
-                Err(self.error(&e))
-            }
-        }
+            key_pid,
+        })
     }
 
-    /// Runs `sql` (one round trip, no prepared statement to go stale). A missing table
+    /// Runs `sql` in a transaction of its own (one round trip, no prepared statement to
+    /// go stale, see [`statement`]). A missing table
     /// or sequence is dealt with as `missing` says; any other failure, or the caller
     /// abandoning the call, drops the connection.
     async fn query(
@@ -337,37 +384,63 @@ impl PostgresBackend {
         channel(&self.target.table, &self.key(name))
     }
 
-    /// Translates a client error (see [`errors::describe`]).
+    /// Translates a client error (see [`errors::describe`]); a pooler in statement
+    /// pooling mode is refused ([`statement_pooling`]).
     fn error(&self, e: &tokio_postgres::Error) -> BackendError {
+        if let Some(refusal) = statement_pooling(e, &self.display) {
+            return refusal;
+        }
         errors::describe(e, &self.display, &self.target.table)
+    }
+
+    /// How this waiter is woken.
+    fn wake(&self) -> Wake {
+        match self.wake.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => Wake::Notified,
+            2 => Wake::Polling,
+            _ => Wake::Unknown,
+        }
     }
 }
 
-/// Runs `sql` on `client`: alone (autocommit), or with `lock` in a transaction after
-/// the advisory lock `lock`, pipelined in one round trip (BEGIN and the lock, the
-/// statement, COMMIT: each request is sent when its future is first polled, and
-/// `join3` polls them in order). A failure aborts the transaction; COMMIT then rolls
-/// it back, and the first failure is the answer.
+/// Runs `sql` on `client` in a transaction of its own ([`begin`]: with its local
+/// settings, and after the advisory lock `lock` when there is one), pipelined in one
+/// round trip (BEGIN, the statement, COMMIT: each request is sent when its future is
+/// first polled, and `join3` polls them in order). A failure aborts the transaction;
+/// COMMIT then rolls it back, and the first failure is the answer.
 async fn statement(
     client: &Client,
     lock: Option<i64>,
     sql: &str,
     params: &Params<'_>,
 ) -> Result<Vec<Row>, tokio_postgres::Error> {
-    let Some(lock) = lock else {
-        return client.query_typed(sql, params).await;
-    };
-    let begin = name_lock(lock);
-    let (locked, rows, committed) = futures_util::future::join3(
+    let begin = begin(lock);
+    let (begun, rows, committed) = futures_util::future::join3(
         client.batch_execute(&begin),
         client.query_typed(sql, params),
         client.batch_execute("COMMIT"),
     )
     .await;
-    locked?;
+    begun?;
     let rows = rows?;
     committed?;
     Ok(rows)
+}
+
+/// The refusal of a pooler in statement pooling mode (PgBouncer's `pool_mode =
+/// statement`), which ends the connection at lockrun's first `BEGIN`: every step of
+/// lockrun is a transaction. None for any other error.
+fn statement_pooling(e: &tokio_postgres::Error, at: &str) -> Option<BackendError> {
+    let db = e.as_db_error()?;
+    db.message().contains("statement pooling").then(|| {
+        BackendError::Refused(format!(
+            "PostgreSQL at {at} is reached through a pooler in statement pooling mode, \
+             where lockrun cannot work (each of its steps is a transaction): use \
+             transaction or session pooling (PgBouncer pool_mode) for lockrun's database \
+             ({})",
+            db.message().replace('\n', " ")
+        ))
+    })
 }
 
 /// Drives connection `conn` (it does the socket I/O for every request) and passes
@@ -382,5 +455,90 @@ where
         if let AsyncMessage::Notification(_) = message {
             let _ = wake.try_send(());
         }
+    }
+}
+
+/// The process id of `client`'s cancel key (BackendKeyData), which tokio-postgres keeps
+/// to itself: read from the cancel request it writes, here into memory (nothing is
+/// sent anywhere). None if it cannot be read.
+async fn key_pid(client: &Client) -> Option<i32> {
+    let written = Arc::new(Mutex::new(Vec::new()));
+    let capture = Capture {
+        written: written.clone(),
+        answered: false,
+    };
+    client
+        .cancel_token()
+        .cancel_query_raw(capture, Passthrough)
+        .await
+        .ok()?;
+    let bytes = written
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    // The CancelRequest: length 16, code 80877102, process id, secret key (after an
+    // SSLRequest of 8 bytes when the connection asked for TLS).
+    let request = bytes.get(bytes.len().checked_sub(16)?..)?;
+    let word =
+        |i: usize| i32::from_be_bytes([request[i], request[i + 1], request[i + 2], request[i + 3]]);
+    (word(0) == 16 && word(4) == 80_877_102).then(|| word(8))
+}
+
+/// A stream that keeps what is written to it and answers `S` (go ahead with TLS) to a
+/// read: where the cancel request of [`key_pid`] goes.
+struct Capture {
+    written: Arc<Mutex<Vec<u8>>>,
+    answered: bool,
+}
+
+impl AsyncRead for Capture {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if !std::mem::replace(&mut self.answered, true) {
+            buf.put_slice(b"S");
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Capture {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+        written.extend_from_slice(data);
+        Poll::Ready(Ok(data.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl tokio_postgres::tls::TlsStream for Capture {
+    fn channel_binding(&self) -> tokio_postgres::tls::ChannelBinding {
+        tokio_postgres::tls::ChannelBinding::none()
+    }
+}
+
+/// A "TLS" that is the stream itself, for [`Capture`] only.
+struct Passthrough;
+
+impl tokio_postgres::tls::TlsConnect<Capture> for Passthrough {
+    type Stream = Capture;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<Capture, std::io::Error>>;
+
+    fn connect(self, stream: Capture) -> Self::Future {
+        std::future::ready(Ok(stream))
     }
 }

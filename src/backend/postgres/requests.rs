@@ -1,25 +1,40 @@
 //! The lock's requests on the PostgreSQL backend ([`Backend`] for
 //! [`PostgresBackend`]): acquisition, of a plain lock or of a semaphore's slot,
-//! renewal, release, `status` and `release --force`, waiting (a semaphore's waiters in
-//! their queue); and the reading of the statements' answer rows. The statements are in
+//! renewal, release, `status` and `release --force`, waiting (in the waiters' queue,
+//! woken by NOTIFY or polling); and the reading of the statements' answer rows. The statements are in
 //! `sql.rs` and `slots.rs`; part of [`super`].
 
 use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 use std::time::Duration;
 
-use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
-use super::slots::{join_queue, leave_queue, limit_key, name_lock_id, queue_lock_id};
-use super::slots::{slot_key, slot_keys, stored_token};
+use super::slots::{limit_key, name_lock_id, queue_key, slot_key, slot_keys, stored_token};
 use super::sql::{millis, OnToken};
-use super::{Missing, Params, PgConn, PostgresBackend};
+use super::{Missing, Params, PgConn, PostgresBackend, Wake, WAITER_ALIVE};
 use crate::backend::conn as slot;
 use crate::backend::{
     slots_conflict, wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release,
+    MAX_WAIT_SLICE,
 };
+use crate::log::{emit, Event, Level};
+
+/// How long a waiter that polls sleeps between two tries, with `ahead` waiters before
+/// it, for a lock whose lease ends in `expires_in`, and `max` of `--wait` left: the
+/// first in the queue, the one that takes the lock next, tries every
+/// [`crate::backend::MIN_WAIT_SLICE`] (the floor of every backend's waits, which keeps
+/// a waiter from being a busy loop: one first waiter per contended lock asks about 8
+/// times a second), so that it starts about 60 ms after a release on average; the
+/// others every 250 ms per waiter ahead, at most [`MAX_WAIT_SLICE`] (enough to keep
+/// their places, and to be polling fast by the time they are first). Never past the
+/// lease's expiry, plus the usual jitter ([`wait_slice`]).
+pub(super) fn poll_slice(ahead: u64, expires_in: Duration, max: Duration) -> Duration {
+    let behind =
+        Duration::from_millis(250).saturating_mul(u32::try_from(ahead).unwrap_or(u32::MAX));
+    wait_slice(behind.min(MAX_WAIT_SLICE).min(expires_in), max)
+}
 
 impl PostgresBackend {
     /// The keys of every slot of `name` (`--slots`).
@@ -75,9 +90,13 @@ impl PostgresBackend {
         Ok(rows.len())
     }
 
-    /// An acquisition that, when busy for a caller that will wait, LISTENs for
-    /// releases first.
-    async fn acquire_listening(
+    /// An acquisition; a caller that will wait and finds the lock busy is in the
+    /// queue of waiters then (the statement put it there). The first time, it finds
+    /// out how it will be woken ([`PostgresBackend::notifications`]); where NOTIFY
+    /// works, it LISTENs (once per connection) and tries once more, so a release
+    /// between the first try and the LISTEN is not missed. An uncontended run never
+    /// pays for it.
+    async fn acquire_waiting(
         &self,
         name: &str,
         req: &AcquireRequest,
@@ -85,74 +104,62 @@ impl PostgresBackend {
         let first = self.try_acquire(name, req).await?;
         if !self.waiting
             || matches!(first, Acquire::Acquired { .. })
+            || !self.notifications(name).await?
             || slot::subscribed(&self.slot, PgConn::wakeups)
         {
             return Ok(first);
         }
-        // Busy, and about to wait: LISTEN, then try once more, so a release between the
-        // first try and the LISTEN is not missed. An uncontended run never pays for it.
         self.listen(name).await?;
         self.try_acquire(name, req).await
     }
 
-    /// The queue lock of `name`'s waiters (see `slots::join_queue`).
-    fn queue_id(&self, name: &str) -> i64 {
-        queue_lock_id(&self.target.table, &self.key(name))
-    }
-
-    /// Whether this waiter is the head of its semaphore's queue (on the connection it
-    /// has now).
-    fn is_head(&self) -> bool {
-        self.slot
-            .current()
-            .is_some_and(|(c, _)| c.queued.load(Ordering::Relaxed))
-    }
-
-    /// Waits, at most `max`, to be the head of the queue of `name`'s waiters: every
-    /// waiter that came before it has a slot or has left. Then (or when the wait ran
-    /// out) the caller tries again.
-    async fn join_queue(&self, name: &str, max: Duration) -> Result<(), BackendError> {
-        let c = self.conn().await?;
-        let [begin, lock] = join_queue(self.queue_id(name), max);
-        let (begun, locked, committed) = futures_util::future::join3(
-            c.client.batch_execute(&begin),
-            c.client.batch_execute(&lock),
-            c.client.batch_execute("COMMIT"),
-        )
-        .await;
-        match begun.and(locked).and(committed) {
-            Ok(()) => {
-                c.queued.store(true, Ordering::Relaxed);
-                c.keep();
-                Ok(())
-            }
-            Err(e)
-                if [SqlState::LOCK_NOT_AVAILABLE, SqlState::QUERY_CANCELED]
-                    .iter()
-                    .any(|code| e.code() == Some(code)) =>
-            {
-                c.keep();
-                Ok(())
-            }
-            Err(e) => c.settle(Err(self.error(&e))),
+    /// True if this waiter can be woken by NOTIFY: its connection is a session of the
+    /// server's own, not a pooler's (the cancel key's process id is the server
+    /// process's). Found out once a run; polling is said once at `-v`.
+    async fn notifications(&self, name: &str) -> Result<bool, BackendError> {
+        match self.wake() {
+            Wake::Notified => return Ok(true),
+            Wake::Polling => return Ok(false),
+            Wake::Unknown => {}
         }
+        let c = self.conn().await?;
+        let answer = c.client.simple_query("SELECT pg_backend_pid()").await;
+        let key_pid = c.key_pid;
+        let rows = c.settle(answer.map_err(|e| self.error(&e)))?;
+        let pid = rows.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0)?.parse::<i32>().ok(),
+            _ => None,
+        });
+        let direct = pid.is_some() && pid == key_pid;
+        let wake = if direct {
+            Wake::Notified
+        } else {
+            Wake::Polling
+        };
+        self.wake.store(wake as u8, Ordering::Relaxed);
+        if !direct {
+            let msg = format!(
+                "no release notifications from PostgreSQL at {}: a connection pooler \
+                 (PgBouncer?) answers for the server, and LISTEN needs a session of the \
+                 server's own; waiting for lock {name:?} polls instead (every {} ms when \
+                 first in the queue)",
+                self.display,
+                crate::backend::MIN_WAIT_SLICE.as_millis()
+            );
+            emit(Level::Info, Event::Waiting, &msg, &[]);
+        }
+        Ok(direct)
     }
 
-    /// Leaves the queue of `name`'s waiters if this session is its head: it has a slot.
-    /// A failure drops the connection, and the session's end leaves the queue too.
+    /// Leaves the queue of `name`'s waiters (giving up); best effort: a place not
+    /// given back lapses within [`WAITER_ALIVE`].
     async fn leave_queue(&self, name: &str) {
-        if !self.is_head() {
+        if self.waiter.is_empty() {
             return;
         }
-        let Ok(c) = self.conn().await else { return };
-        let left = c
-            .client
-            .batch_execute(&leave_queue(self.queue_id(name)))
-            .await;
-        if left.is_ok() {
-            c.queued.store(false, Ordering::Relaxed);
-        }
-        let _ = c.settle(left);
+        let key = queue_key(&self.key(name));
+        let params: &Params<'_> = &[(&key, Type::TEXT), (&self.waiter, Type::TEXT)];
+        let _ = self.query(&self.sql.leave, params, Missing::NoRows).await;
     }
 
     /// One acquisition: the plain statement, or with `--slots` above 1 the semaphore's
@@ -163,7 +170,8 @@ impl PostgresBackend {
         let pid = i64::from(req.pid);
         let ttl = millis(req.ttl)?;
         let (keys, token) = (self.keys(name), stored_token(&req.token, self.slots));
-        let limit = limit_key(&key);
+        let (limit, queue) = (limit_key(&key), queue_key(&key));
+        let alive = millis(WAITER_ALIVE)?;
         let (n, lock) = (
             i64::from(self.slots),
             name_lock_id(&self.target.table, &key),
@@ -178,6 +186,9 @@ impl PostgresBackend {
                         (&pid, Type::INT8),
                         (&ttl, Type::INT8),
                         (&limit, Type::TEXT),
+                        (&queue, Type::TEXT),
+                        (&self.waiter, Type::TEXT),
+                        (&alive, Type::INT8),
                     ];
                     self.query(&self.sql.acquire, params, Missing::Create)
                         .await?
@@ -191,6 +202,9 @@ impl PostgresBackend {
                         (&ttl, Type::INT8),
                         (&n, Type::INT8),
                         (&limit, Type::TEXT),
+                        (&queue, Type::TEXT),
+                        (&self.waiter, Type::TEXT),
+                        (&alive, Type::INT8),
                     ];
                     let sql = &self.sql.acquire_slot;
                     self.query_locked(Some(lock), sql, params, Missing::Create)
@@ -217,8 +231,9 @@ impl PostgresBackend {
     }
 
     /// Reads an acquisition's answer row: taken (its fencing token and slot), or the
-    /// holder of a busy lock.
+    /// holder of a busy lock; and how many waiters are ahead (column 8).
     fn answer(&self, row: &Row, token: &str) -> Result<Acquire, BackendError> {
+        self.ahead.store(self.number(row, 8)?, Ordering::Relaxed);
         match row.try_get::<_, bool>(0) {
             Ok(true) => {
                 let slot = u32::try_from(self.number(row, 6)?)
@@ -282,11 +297,7 @@ impl PostgresBackend {
 
 impl Backend for PostgresBackend {
     async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
-        let answer = self.acquire_listening(name, req).await?;
-        if matches!(answer, Acquire::Acquired { .. }) {
-            self.leave_queue(name).await;
-        }
-        Ok(answer)
+        self.acquire_waiting(name, req).await
     }
 
     async fn renew(&self, name: &str, token: &str, ttl: Duration) -> Result<(), BackendError> {
@@ -355,13 +366,15 @@ impl Backend for PostgresBackend {
 
     async fn wait_for_release(
         &self,
-        name: &str,
+        _name: &str,
         busy: &Holder,
         max: Duration,
     ) -> Result<(), BackendError> {
-        // A semaphore's waiter queues first; only the head waits for a release.
-        if self.slots > 1 && self.waiting && !self.is_head() {
-            return self.join_queue(name, max).await;
+        // Polling: the first waiter promptly, the others as far back as they are.
+        if self.wake() != Wake::Notified {
+            let ahead = self.ahead.load(Ordering::Relaxed);
+            tokio::time::sleep(poll_slice(ahead, busy.ttl_left, max)).await;
+            return Ok(());
         }
         let slice = wait_slice(busy.ttl_left, max);
         // The connection's end (`None`) forgets it: the next call listens again.
@@ -369,11 +382,43 @@ impl Backend for PostgresBackend {
         Ok(())
     }
 
-    async fn stop_waiting(&self, _name: &str) -> Result<(), BackendError> {
-        // Nothing is queued on the server: a LISTEN ends with the connection. Giving up
-        // on a busy lock ends a run, so the connection is closed (a release that may
-        // follow, when abandoning, reconnects).
+    async fn stop_waiting(&self, name: &str) -> Result<(), BackendError> {
+        // Our place in the queue is given back (it would lapse anyway); a LISTEN ends
+        // with the connection. Giving up on a busy lock ends a run, so the connection
+        // is closed (a release that may follow, when abandoning, reconnects).
+        self.leave_queue(name).await;
         self.close().await;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::MIN_WAIT_SLICE;
+
+    #[test]
+    fn the_first_waiter_polls_promptly_and_the_others_by_their_place() {
+        let (ms, long) = (Duration::from_millis, Duration::from_secs(60));
+        for _ in 0..100 {
+            let first = poll_slice(0, long, long);
+            assert!(first >= MIN_WAIT_SLICE && first < ms(150), "{first:?}");
+            let third = poll_slice(2, long, long);
+            assert!(third >= ms(500) && third < ms(550), "{third:?}");
+            let far = poll_slice(1000, long, long);
+            assert!(
+                far >= MAX_WAIT_SLICE && far < MAX_WAIT_SLICE + ms(50),
+                "{far:?}"
+            );
+            // Never past the lease's end (but not faster than the floor), nor the wait left.
+            let ending = poll_slice(5, ms(300), long);
+            assert!(ending >= ms(300) && ending < ms(350), "{ending:?}");
+            assert_eq!(poll_slice(5, long, ms(20)), ms(20));
+        }
+    }
+
+    #[test]
+    fn a_waiters_place_outlasts_three_of_its_longest_sleeps() {
+        assert_eq!(WAITER_ALIVE, MAX_WAIT_SLICE * 3);
     }
 }

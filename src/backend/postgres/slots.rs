@@ -1,6 +1,7 @@
 //! A semaphore's rows and SQL (`--slots N`, N > 1): the keys of its slots and of its
-//! limit row, the token its holders store, the statements on them, the name's lock and
-//! the queue of its waiters. Pure text: no I/O here. Part of [`super`]; the parts
+//! limit row, the token its holders store, the statements on them and the name's lock;
+//! and the key of the waiters' queue row, which a plain lock has too. Pure text: no
+//! I/O here. Part of [`super`]; the parts
 //! shared with a plain lock's statements are in `sql.rs`.
 //!
 //! Rows of name `KEY` (`PREFIX + NAME`), in the lock table:
@@ -8,14 +9,13 @@
 //! - `KEY#i`: slot `i`;
 //! - `KEY#slots`: the limit row, live while any slot is held, with the holders' N in
 //!   its token (`/N`) and the latest of their expiries: what a plain lock, or a
-//!   semaphore with another N, looks at to see holders in slots it does not read.
+//!   semaphore with another N, looks at to see holders in slots it does not read;
+//! - `KEY#queue`: the queue of the name's waiters, plain lock or semaphore
+//!   (`sql::queue`), never a holder.
 //!
 //! No name has a `#`, so none of these is another name's key.
 
-use std::time::Duration;
-
-use super::sql::{cleanup, fnv1a, holder, take_expired, SLOTS_OF_TOKEN};
-use crate::backend::MAX_WAIT_SLICE;
+use super::sql::{cleanup, fnv1a, holder, queue, requeue, take_expired, SLOTS_OF_TOKEN, UNKNOWN};
 
 /// The key of slot `slot` of the lock whose plain key is `key` (`PREFIX + NAME`): slot 0
 /// is that key itself, the row a plain lock has (and that an older lockrun reads);
@@ -37,6 +37,12 @@ pub(super) fn limit_key(key: &str) -> String {
     format!("{key}#slots")
 }
 
+/// The key of the queue row of the waiters for the lock whose plain key is `key`
+/// (`sql::queue`).
+pub(super) fn queue_key(key: &str) -> String {
+    format!("{key}#queue")
+}
+
 /// What a holder of a name taken with `--slots slots` stores as its token: the token
 /// itself for a plain lock (exactly what lockrun always stored), `TOKEN/N` for a
 /// semaphore, so that its row records N (`sql::SLOTS_OF_TOKEN`) without a new column:
@@ -50,15 +56,16 @@ pub(super) fn stored_token(token: &str, slots: u32) -> String {
 }
 
 /// The statement before a semaphore's acquisition, release or `--hold-at-least`, and
-/// `release --force`, in the same transaction: it begins the transaction and waits for
-/// the lock on the name (the transaction-level advisory lock `id`, see
-/// [`name_lock_id`]). The step that follows is a statement of its own, so its snapshot
-/// is taken once the lock is ours: it sees every such step committed before, and no
-/// other is under way (two acquisitions could otherwise pick one free slot, or see no
-/// holder of another N, from one snapshot; a release could end the limit row while an
-/// acquisition extends it). Sent with the step and the COMMIT in one round trip.
+/// `release --force`, in the same transaction (after `sql::begin`): it waits for the
+/// lock on the name (the transaction-level advisory lock `id`, see [`name_lock_id`]).
+/// The step that follows is a statement of its own, so its snapshot is taken once the
+/// lock is ours: it sees every such step committed before, and no other is under way
+/// (two acquisitions could otherwise pick one free slot, or see no holder of another
+/// N, from one snapshot; a release could end the limit row while an acquisition
+/// extends it). Sent with the step and the COMMIT in one round trip; a transaction
+/// lock, so it works through a transaction pool.
 pub(super) fn name_lock(id: i64) -> String {
-    format!("BEGIN; SELECT pg_advisory_xact_lock({id})")
+    format!("SELECT pg_advisory_xact_lock({id})")
 }
 
 /// The advisory lock of lock key `key` in `table`: a hash, in the one-bigint key
@@ -87,13 +94,21 @@ pub(super) fn name_lock_id(table: &str, key: &str) -> i64 {
 /// expiry (a release that started after this statement can have committed before it
 /// looked; its `now()` is then later than this statement's).
 ///
+/// The waiters' queue (`sql::queue`) comes first, as for a plain lock: a caller takes
+/// a slot only while fewer live waiters came before it than slots are free (so a
+/// second slot freed goes to the second waiter), and a waiter that takes none joins
+/// or keeps its place. Every answer ends with that count of waiters ahead; blocked by
+/// them with no live holder to answer (slots free for the waiters ahead), the answer
+/// is an unknown holder.
+///
 /// A slot taken that had no row cleans up as the plain statement does, never a row of
 /// this name.
 pub(super) fn acquire(table: &str, seq: &str) -> String {
     let busy = holder("r.slot");
     let columns = "fence, host, pid, since, expires_at, token, slot, slots";
     format!(
-        "WITH seen AS ( \
+        "WITH {QUEUE}, \
+         seen AS ( \
            SELECT k.i - 1 AS slot, k.name, r.token, r.fence, r.host, r.pid, r.since, \
              r.expires_at, r.name IS NOT NULL AS stored, \
              coalesce(r.expires_at > now() AND r.token <> '', false) AS live, \
@@ -107,6 +122,7 @@ pub(super) fn acquire(table: &str, seq: &str) -> String {
            SELECT slot, name, stored FROM seen \
            WHERE NOT live AND NOT EXISTS (SELECT 1 FROM seen WHERE live AND slots <> $6) \
            AND NOT EXISTS (SELECT 1 FROM lim WHERE slots <> $6) \
+           AND (SELECT n FROM ahead) < (SELECT count(*) FROM seen WHERE NOT live) \
            ORDER BY slot LIMIT 1), \
          taken AS ( \
            INSERT INTO {table} AS r (name, token, fence, host, pid, since, expires_at) \
@@ -119,21 +135,30 @@ pub(super) fn acquire(table: &str, seq: &str) -> String {
            SELECT $7, '/' || $6, fence, '', 0, now(), expires_at FROM taken \
            ON CONFLICT (name) DO UPDATE SET token = excluded.token, fence = excluded.fence, \
              since = excluded.since, expires_at = {COVER}), \
+         {REQUEUE}, \
          {GONE} \
-         SELECT true, t.fence, '', 0::bigint, 0::bigint, 0::bigint, p.slot::bigint, $6 \
+         SELECT true, t.fence, '', 0::bigint, 0::bigint, 0::bigint, p.slot::bigint, $6, \
+           (SELECT n FROM ahead) \
          FROM taken t, pick p \
          UNION ALL \
-         (SELECT false, {busy} FROM ( \
+         (SELECT false, {busy}, (SELECT n FROM ahead) FROM ( \
             SELECT {columns} FROM seen WHERE live \
             UNION ALL SELECT {columns} FROM lim WHERE slots <> $6) r \
           WHERE NOT EXISTS (SELECT 1 FROM pick) \
-          ORDER BY r.slots = $6, r.expires_at, r.slot LIMIT 1)",
+          ORDER BY r.slots = $6, r.expires_at, r.slot LIMIT 1) \
+         UNION ALL \
+         SELECT false, {UNKNOWN}, $6, n FROM ahead \
+         WHERE n > 0 AND NOT EXISTS (SELECT 1 FROM pick) \
+         AND NOT EXISTS (SELECT 1 FROM seen WHERE live) \
+         AND NOT EXISTS (SELECT 1 FROM lim WHERE slots <> $6)",
+        QUEUE = queue(table, "$8", "$9"),
+        REQUEUE = requeue(table, "$8", "$9", "$10"),
         TAKE_EXPIRED = take_expired(seq),
         COVER = COVER,
         GONE = cleanup(
             table,
             "EXISTS (SELECT 1 FROM pick WHERE NOT stored)",
-            "name <> ALL($1) AND name <> $7"
+            "name <> ALL($1) AND name <> $7 AND name <> $8"
         ),
     )
     .replace("now()", "statement_timestamp()")
@@ -214,64 +239,6 @@ fn recover(table: &str) -> String {
     )
 }
 
-/// The queue of a semaphore's waiters: a session-level advisory lock of the name (its
-/// id from [`queue_lock_id`]), which PostgreSQL grants first come first served. Its
-/// holder is the head of the queue, the one waiter that tries again when a slot frees;
-/// the others wait for the lock. These are the first two of the three messages that
-/// join it, sent at once (each message gets its own statement timer, whatever the
-/// server's version); the third is `COMMIT`. The wait is bounded by `wait` (the
-/// `--wait` left, at most [`MAX_QUEUE_WAIT`]), not by the session's `lock_timeout`; a
-/// wait that runs out rolls the transaction back. A head idle for longer than
-/// [`HEAD_IDLE`] (frozen, or its host gone while its connection looks open) is ended by
-/// the server (`idle_session_timeout`, PostgreSQL 14 and later), which lets the next
-/// waiter on; a waiter whose connection closes leaves the queue with its session.
-pub(super) fn join_queue(id: i64, wait: Duration) -> [String; 2] {
-    let ms = wait.min(MAX_QUEUE_WAIT).as_millis().max(1);
-    [
-        format!(
-            "BEGIN; SET LOCAL lock_timeout = {ms}; SET LOCAL statement_timeout = {}",
-            ms + 1000
-        ),
-        format!(
-            "SELECT pg_advisory_lock({id}); {}",
-            idle_session_timeout(HEAD_IDLE.as_millis())
-        ),
-    ]
-}
-
-/// The statement that leaves the queue of [`join_queue`] (its head has a slot), and
-/// ends the idle timeout: the session now holds a lease, renewed as seldom as
-/// `--renew-every` says.
-pub(super) fn leave_queue(id: i64) -> String {
-    format!(
-        "SELECT pg_advisory_unlock({id}); {}",
-        idle_session_timeout(0)
-    )
-}
-
-/// How long the head of a queue may be idle: its waits last at most
-/// `MAX_WAIT_SLICE` (plus jitter) between two tries, so three of them is a head that
-/// no longer tries.
-pub(super) const HEAD_IDLE: Duration = Duration::from_secs(3 * MAX_WAIT_SLICE.as_secs());
-
-/// The longest single wait in a queue; a longer `--wait` joins it again after that.
-const MAX_QUEUE_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
-
-/// Sets `idle_session_timeout` to `ms` for the session, on servers that have it.
-fn idle_session_timeout(ms: u128) -> String {
-    format!(
-        "SELECT set_config('idle_session_timeout', '{ms}', false) \
-         WHERE current_setting('server_version_num')::int >= 140000"
-    )
-}
-
-/// The queue lock of lock key `key` in `table` (see [`join_queue`]): a hash, like
-/// [`name_lock_id`]'s but another.
-pub(super) fn queue_lock_id(table: &str, key: &str) -> i64 {
-    let text = format!("{}\0{key}\0queue", table.to_ascii_lowercase());
-    fnv1a(text.as_bytes()) as i64
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,12 +255,14 @@ mod tests {
         assert_eq!(slot_keys("k", 1), ["k".to_owned()]);
         assert_eq!(slot_keys("k", 1000).len(), 1000);
         assert_eq!(limit_key("lockrun:job"), "lockrun:job#slots");
+        assert_eq!(queue_key("lockrun:job"), "lockrun:job#queue");
         // Names cannot hold `#`: no row of one name is another name's.
         assert!(crate::config::LockName::parse("job#1").is_err());
         let mut all = std::collections::HashSet::new();
         for name in ["a", "a:1", "a1", "a/slots", "slots"] {
             let key = format!("lockrun:{name}");
-            for k in slot_keys(&key, 12).into_iter().chain([limit_key(&key)]) {
+            let others = [limit_key(&key), queue_key(&key)];
+            for k in slot_keys(&key, 12).into_iter().chain(others) {
                 assert!(all.insert(k.clone()), "{k} twice");
             }
         }
@@ -310,13 +279,12 @@ mod tests {
     }
 
     #[test]
-    fn the_name_lock_and_the_queue_lock_are_stable_hashes_of_table_and_key() {
+    fn the_name_lock_is_a_stable_hash_of_table_and_key() {
         let id = name_lock_id("lockrun_locks", "lockrun:job");
         assert_eq!(id, name_lock_id("LOCKRUN_LOCKS", "lockrun:job"));
         assert_ne!(id, name_lock_id("lockrun_locks", "lockrun:job2"));
         assert_ne!(id, name_lock_id("other", "lockrun:job"));
-        assert_ne!(id, queue_lock_id("lockrun_locks", "lockrun:job"));
-        assert_eq!(name_lock(-5), "BEGIN; SELECT pg_advisory_xact_lock(-5)");
+        assert_eq!(name_lock(-5), "SELECT pg_advisory_xact_lock(-5)");
     }
 
     #[test]
@@ -364,26 +332,5 @@ mod tests {
             assert!(s.contains("o.name NOT IN (SELECT name FROM kept)"), "{s}");
         }
         assert!(sql.release_slot.contains("pg_notify($3, '')"));
-    }
-
-    #[test]
-    fn the_queue_waits_as_long_as_the_wait_left_and_no_longer() {
-        let [begin, lock] = join_queue(42, Duration::from_millis(1500));
-        assert_eq!(
-            begin,
-            "BEGIN; SET LOCAL lock_timeout = 1500; SET LOCAL statement_timeout = 2500"
-        );
-        assert!(lock.starts_with("SELECT pg_advisory_lock(42); "), "{lock}");
-        assert!(lock.contains("'idle_session_timeout', '6000'"), "{lock}");
-        let [begin, _] = join_queue(42, Duration::ZERO);
-        assert!(begin.contains("lock_timeout = 1;"), "{begin}");
-        let [begin, _] = join_queue(42, Duration::from_secs(u64::MAX));
-        assert!(begin.contains("lock_timeout = 86400000;"), "{begin}");
-        let leave = leave_queue(42);
-        assert!(
-            leave.starts_with("SELECT pg_advisory_unlock(42); "),
-            "{leave}"
-        );
-        assert!(leave.contains("'idle_session_timeout', '0'"), "{leave}");
     }
 }

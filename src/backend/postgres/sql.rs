@@ -12,12 +12,27 @@ use std::time::Duration;
 use super::slots;
 use crate::backend::BackendError;
 
-/// Session settings, sent once per connection. `synchronous_commit`: an acquisition
-/// (and the sequence value it used) survives a server crash once it is answered,
-/// whatever the server's default. The timeouts bound what a statement abandoned by
-/// the caller's timeout can still hold on the server.
-pub(super) const SESSION: &str = "SET synchronous_commit = on; SET lock_timeout = '5s'; \
-                       SET statement_timeout = '10s'; SET idle_in_transaction_session_timeout = '10s'";
+/// The settings of every transaction, made at its start with `SET LOCAL` (never for
+/// the session: through a transaction pool such as PgBouncer's, the next transaction
+/// runs on another server connection, and a session setting would stay behind on this
+/// one for another client). `synchronous_commit`: an acquisition (and the sequence
+/// value it used) survives a server crash once it is answered, whatever the server's
+/// default. The timeouts bound what a statement abandoned by the caller's timeout can
+/// still hold on the server.
+pub(super) const LOCAL_SETTINGS: &str = "SET LOCAL synchronous_commit = on; \
+     SET LOCAL lock_timeout = '5s'; SET LOCAL statement_timeout = '10s'; \
+     SET LOCAL idle_in_transaction_session_timeout = '10s'";
+
+/// The first message of every step's transaction: it begins, makes the
+/// [`LOCAL_SETTINGS`] and, for the steps that take it, waits for the transaction-level
+/// advisory lock `lock` (`slots::name_lock`). Sent with the step's statement and
+/// `COMMIT` in one round trip.
+pub(super) fn begin(lock: Option<i64>) -> String {
+    match lock {
+        None => format!("BEGIN; {LOCAL_SETTINGS}"),
+        Some(id) => format!("BEGIN; {LOCAL_SETTINGS}; {}", slots::name_lock(id)),
+    }
+}
 
 /// The longest lease: a longer one is refused before anything is written, so that no
 /// row is held for longer.
@@ -41,7 +56,8 @@ pub(super) fn millis(d: Duration) -> Result<i64, BackendError> {
 pub(super) struct Sql {
     pub(super) setup: String,
     /// A plain lock's: `$1` key, `$2` token, `$3` host, `$4` pid, `$5` lease, `$6` the
-    /// name's limit key (`slots::limit_key`).
+    /// name's limit key (`slots::limit_key`), `$7` its queue key (`slots::queue_key`),
+    /// `$8` the waiter's id (empty: not waiting), `$9` how long its place lasts (ms).
     pub(super) acquire: String,
     /// A plain lock's: `$1` key, `$2` token, `$3` lease.
     pub(super) extend: String,
@@ -49,7 +65,8 @@ pub(super) struct Sql {
     pub(super) release: String,
     /// A semaphore's (`slots::acquire`), in the transaction of `slots::name_lock`:
     /// `$1` keys, `$2` stored token (`slots::stored_token`), `$3` host, `$4` pid,
-    /// `$5` lease, `$6` N, `$7` limit key.
+    /// `$5` lease, `$6` N, `$7` limit key, `$8` queue key, `$9` the waiter's id,
+    /// `$10` how long its place lasts (ms).
     pub(super) acquire_slot: String,
     /// A semaphore's renewal: `$1` keys (the slot held, or all), `$2` stored token,
     /// `$3` lease, `$4` limit key, `$5` every slot's key.
@@ -66,6 +83,8 @@ pub(super) struct Sql {
     /// Frees every slot, in the name lock's transaction: `$1` keys, `$2` channel, `$3`
     /// limit key.
     pub(super) force: String,
+    /// A waiter leaves the queue: `$1` queue key, `$2` waiter id ([`leave`]).
+    pub(super) leave: String,
 }
 
 /// A statement on the row of a holder's token.
@@ -207,6 +226,7 @@ impl Sql {
                 by_slot = holder("r.i - 1")
             )
             .replace("now()", "statement_timestamp()"),
+            leave: leave(table),
         }
     }
 }
@@ -219,36 +239,153 @@ impl Sql {
 /// slot) takes nothing: it is the answer, with the semaphore's N, and the caller
 /// refuses.
 ///
+/// The queue of waiters ([`queue`]) comes first: a free lock is taken only by a caller
+/// with no live waiter before it (`ahead`), and a waiter joins or stays in the queue
+/// when it takes nothing. Every answer ends with that count of waiters ahead; blocked
+/// by them with no live holder to answer (the lock is free, and the first waiter takes
+/// it at its next try), the answer is an unknown holder, not the last one.
+///
 /// A name without a row (in the statement's snapshot; a one-time filter, so that an
-/// acquisition of a known name scans nothing more) also cleans up ([`cleanup`]).
+/// acquisition of a known name scans nothing more) also cleans up ([`cleanup`]),
+/// never its own queue row.
 fn acquire(table: &str, seq: &str) -> String {
     let busy = holder("0");
     format!(
-        "WITH lim AS ( \
+        "WITH {QUEUE}, \
+         lim AS ( \
            SELECT * FROM {table} r \
            WHERE r.name = $6 AND r.expires_at > now() AND r.token <> ''), \
          taken AS ( \
            INSERT INTO {table} AS r (name, token, fence, host, pid, since, expires_at) \
            SELECT $1, $2, nextval('{seq}'), $3, $4, now(), \
              now() + $5 * interval '1 millisecond' \
-           WHERE NOT EXISTS (SELECT 1 FROM lim) \
+           WHERE NOT EXISTS (SELECT 1 FROM lim) AND (SELECT n FROM ahead) = 0 \
            {TAKE_EXPIRED} \
            RETURNING fence), \
+         {REQUEUE}, \
          {GONE} \
-         SELECT true, fence, '', 0::bigint, 0::bigint, 0::bigint, 0::bigint, 1::bigint \
+         SELECT true, fence, '', 0::bigint, 0::bigint, 0::bigint, 0::bigint, 1::bigint, \
+           (SELECT n FROM ahead) \
          FROM taken \
          UNION ALL \
-         SELECT false, {busy} FROM lim r \
+         SELECT false, {busy}, (SELECT n FROM ahead) FROM lim r \
          UNION ALL \
-         SELECT false, {busy} FROM {table} r \
+         SELECT false, {busy}, (SELECT n FROM ahead) FROM {table} r \
          WHERE r.name = $1 AND NOT EXISTS (SELECT 1 FROM taken) \
-         AND NOT EXISTS (SELECT 1 FROM lim)",
+         AND NOT EXISTS (SELECT 1 FROM lim) \
+         AND ((SELECT n FROM ahead) = 0 OR r.expires_at > now() AND r.token <> '') \
+         UNION ALL \
+         SELECT false, {UNKNOWN}, 1::bigint, n FROM ahead \
+         WHERE n > 0 AND NOT EXISTS (SELECT 1 FROM lim) AND NOT EXISTS ( \
+           SELECT 1 FROM {table} WHERE name = $1 AND expires_at > now() AND token <> '')",
+        QUEUE = queue(table, "$7", "$8"),
         TAKE_EXPIRED = take_expired(seq),
+        REQUEUE = requeue(table, "$7", "$8", "$9"),
         GONE = cleanup(
             table,
             &format!("NOT EXISTS (SELECT 1 FROM {table} WHERE name = $1)"),
-            "name <> $1"
+            "name <> $1 AND name <> $7"
         ),
+    )
+}
+
+/// The holder columns of an answer blocked by the queue with no lock row to show:
+/// nothing known, no time left (the waiter ahead takes it at its next try).
+pub(super) const UNKNOWN: &str = "0::bigint, '', 0::bigint, 0::bigint, 0::bigint, 0::bigint";
+
+/// How a waiter's entry in a queue row looks: its id (hex), `:`, and the epoch
+/// millisecond its place lapses. Anything else in the row (a hand edit) is dropped.
+const ENTRY: &str = "^[0-9a-f]{1,32}:[0-9]{1,15}$";
+
+/// The database's clock (see the module doc of `super`) in epoch milliseconds.
+const NOW_MS: &str = "(extract(epoch FROM now()) * 1000)::bigint";
+
+/// The entries of the queue text `list`, as rows `(i, id, until)` in the order they
+/// joined; `until` is NULL for a malformed entry (which is then never live).
+fn entries(list: &str) -> String {
+    format!(
+        "(SELECT e.i, split_part(e.v, ':', 1) AS id, \
+           CASE WHEN e.v ~ '{ENTRY}' THEN split_part(e.v, ':', 2)::bigint END AS until \
+         FROM unnest(string_to_array({list}, ' ')) WITH ORDINALITY AS e(v, i))"
+    )
+}
+
+/// The waiters' queue as an acquisition reads it, first come first served: the CTEs
+/// `q` (the queue row `qkey`, locked FOR UPDATE: acquisitions of one name read and
+/// write it one after the other, each seeing the last one's queue), `waiters` (its
+/// live entries: `i`, `id`) and `ahead` (`n`: the live waiters that joined before the
+/// waiter `id`, all of them for a caller not in the queue, `id` empty). A waiter's
+/// place lapses when it has not tried again within its `until` (it gave up, crashed,
+/// or froze): the queue never waits for the dead for long.
+pub(super) fn queue(table: &str, qkey: &str, id: &str) -> String {
+    format!(
+        "q AS (SELECT token FROM {table} WHERE name = {qkey} FOR UPDATE), \
+         waiters AS ( \
+           SELECT x.i, x.id, x.until FROM q, LATERAL {e} x WHERE x.until > {NOW_MS}), \
+         ahead AS ( \
+           SELECT count(*) AS n FROM waiters WHERE id <> {id} \
+           AND i < coalesce((SELECT min(i) FROM waiters WHERE id = {id}), {LAST}))",
+        e = entries("q.token"),
+    )
+}
+
+/// An index after every entry's: where a newcomer goes.
+const LAST: &str = "9223372036854775807";
+
+/// The queue text `list` rewritten: the live entries but waiter `id`'s, and, with
+/// `stay` (an SQL condition, and the lease `alive` in milliseconds), `id` in its old
+/// place (at the end if it had none) until `alive` from now.
+fn rewrite(list: &str, id: &str, stay: Option<(&str, &str)>) -> String {
+    let e = entries(list);
+    let ours = match stay {
+        None => String::new(),
+        Some((stay, alive)) => format!(
+            "UNION ALL \
+             SELECT coalesce((SELECT min(i) FROM {e} y WHERE until > {NOW_MS} AND id = {id}), \
+               {LAST}), {id} || ':' || ({NOW_MS} + {alive}) \
+             WHERE {stay}"
+        ),
+    };
+    format!(
+        "(SELECT coalesce(string_agg(v, ' ' ORDER BY i), '') FROM ( \
+           SELECT i, id || ':' || until AS v FROM {e} x \
+           WHERE until > {NOW_MS} AND id <> {id} {ours}) z)"
+    )
+}
+
+/// The CTE `requeued` of an acquisition by waiter `id` (not empty: a caller that will
+/// wait) that reads the queue with [`queue`]: when it took nothing, it joins the queue
+/// row `qkey` (or keeps its place, for `alive` milliseconds more, at most once a
+/// second: the first waiter tries every 100 ms, and need not write each time); when it
+/// took the lock (`taken`, a CTE), it leaves the queue. Nothing is
+/// written for a caller not waiting, nor for one that took the lock without having
+/// queued. The rewrite starts from the row as it is when written (`r`), not as read: a
+/// queue row made by another statement meanwhile keeps its entries; it drops the
+/// places that lapsed.
+pub(super) fn requeue(table: &str, qkey: &str, id: &str, alive: &str) -> String {
+    let stay = "NOT EXISTS (SELECT 1 FROM taken)";
+    format!(
+        "requeued AS ( \
+           INSERT INTO {table} AS r (name, token, fence, host, pid, since, expires_at) \
+           SELECT {qkey}, {id} || ':' || ({NOW_MS} + {alive}), 0, '', 0, now(), \
+             now() + {alive} * interval '1 millisecond' \
+           WHERE {id} <> '' AND CASE WHEN {stay} \
+             THEN NOT EXISTS (SELECT 1 FROM waiters \
+               WHERE id = {id} AND until > {NOW_MS} + {alive} - 1000) \
+             ELSE EXISTS (SELECT 1 FROM waiters WHERE id = {id}) END \
+           ON CONFLICT (name) DO UPDATE SET token = {list}, \
+             expires_at = greatest(r.expires_at, excluded.expires_at))",
+        list = rewrite("r.token", id, Some((stay, alive))),
+    )
+}
+
+/// The statement that takes waiter `$2` out of the queue row `$1` (it gave up
+/// waiting). Answers a row if it was there.
+pub(super) fn leave(table: &str) -> String {
+    format!(
+        "UPDATE {table} AS r SET token = {list} \
+         WHERE name = $1 AND position($2 || ':' IN token) > 0 RETURNING 1",
+        list = rewrite("r.token", "$2", None),
     )
 }
 
@@ -335,9 +472,9 @@ mod tests {
         }
         assert!(sql.acquire.contains("r.pid, (extract"));
         // The plain lock's answer: slot 0, its holder's slots from the token.
-        assert!(sql
-            .acquire
-            .contains(&format!("0::bigint, {SLOTS_OF_TOKEN} FROM t r")));
+        assert!(sql.acquire.contains(&format!(
+            "0::bigint, {SLOTS_OF_TOKEN}, (SELECT n FROM ahead) FROM t r"
+        )));
     }
 
     #[test]
@@ -350,6 +487,33 @@ mod tests {
             assert!(!s.contains("ANY($1)") && !s.contains("[]"), "{s}");
             assert!(!s.contains("statement_timestamp"), "{s}");
         }
+    }
+
+    #[test]
+    fn every_step_is_a_transaction_with_local_settings_only() {
+        assert!(!LOCAL_SETTINGS.replace("SET LOCAL", "").contains("SET "));
+        assert!(begin(None).starts_with("BEGIN; SET LOCAL synchronous_commit = on;"));
+        assert!(begin(Some(7)).ends_with("; SELECT pg_advisory_xact_lock(7)"));
+    }
+
+    #[test]
+    fn acquisitions_read_the_queue_locked_and_admit_only_with_no_waiter_ahead() {
+        let sql = Sql::new("t");
+        let (plain, slot) = (&sql.acquire, &sql.acquire_slot);
+        assert!(plain.contains("q AS (SELECT token FROM t WHERE name = $7 FOR UPDATE)"));
+        assert!(slot.contains("q AS (SELECT token FROM t WHERE name = $8 FOR UPDATE)"));
+        assert!(plain.contains("AND (SELECT n FROM ahead) = 0"), "{plain}");
+        assert!(slot.contains("(SELECT n FROM ahead) < (SELECT count(*) FROM seen WHERE NOT live)"));
+        // The queue is rewritten from the row as written, and leaves the queue row of
+        // the name to the cleanup of no one.
+        for s in [plain, slot] {
+            assert!(s.contains("unnest(string_to_array(r.token, ' '))"), "{s}");
+            assert!(s.contains("WHERE NOT EXISTS (SELECT 1 FROM taken)"), "{s}");
+        }
+        assert!(plain.contains("name <> $1 AND name <> $7"));
+        assert!(slot.contains("name <> $7 AND name <> $8"));
+        assert!(sql.leave.starts_with("UPDATE t AS r SET token = "));
+        assert!(!sql.leave.contains("taken"), "{}", sql.leave);
     }
 
     #[test]

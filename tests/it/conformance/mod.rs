@@ -137,6 +137,7 @@ conformance! {
     redlock => Quorum::start();
     sentinel => SentinelService::start();
     postgres => Postgres::start();
+    pgbouncer => PgBouncerService::start();
     etcd => EtcdServer::start();
     etcd_tls => EtcdTls::start();
     zookeeper => ZkServer::start();

@@ -15,7 +15,10 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use super::{lockrun, run, EtcdServer, Mode, PrivatePg, Proxy, RedisServer, Sentinel, TlsFiles};
+use super::{
+    lockrun, run, EtcdServer, Mode, PgBouncer, Pool, PrivatePg, Proxy, RedisServer, Sentinel,
+    TlsFiles,
+};
 
 /// A lock service under test.
 pub trait Service: Send + Sync {
@@ -284,6 +287,44 @@ impl Service for Postgres {
     }
     fn resume(&self) {
         self.0.resume();
+    }
+}
+
+/// PostgreSQL through PgBouncer in transaction pooling: the proxy stands in front of
+/// PgBouncer, so "down" and "hung" are PgBouncer (or the way to it) gone or silent;
+/// the servers killed or frozen are PostgreSQL behind it, with PgBouncer up and
+/// answering its clients: the failure a pooler hides, which lockrun must see through
+/// (a renewal that PgBouncer cannot pass on, or that hangs there, is no renewal).
+pub struct PgBouncerService(PgBouncer);
+
+impl PgBouncerService {
+    /// Starts a cluster and PgBouncer in front of it.
+    pub fn start() -> PgBouncerService {
+        PgBouncerService(PgBouncer::start())
+    }
+}
+
+impl Service for PgBouncerService {
+    fn ports(&self) -> Vec<u16> {
+        vec![self.0.port()]
+    }
+    fn url_via(&self, via: u16) -> String {
+        self.0.url_via(via, Pool::Transaction)
+    }
+    fn options(&self) -> Vec<String> {
+        vec!["--pg-table".into(), "lockrun_conformance".into()]
+    }
+    fn kill(&mut self) {
+        self.0.pg_mut().kill();
+    }
+    fn restart(&mut self) {
+        self.0.pg_mut().restart();
+    }
+    fn pause(&self) {
+        self.0.pg().pause();
+    }
+    fn resume(&self) {
+        self.0.pg().resume();
     }
 }
 

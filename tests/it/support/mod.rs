@@ -5,7 +5,8 @@
 //! - servers of the test's own on free ports: `redis` (plain, password, TLS, ACL users),
 //!   `sentinel` (master, replica and Sentinel), `cluster` (a Redis Cluster of 3 masters
 //!   and 3 replicas), `etcd`, `pg` (private PostgreSQL clusters, and a fresh lock table
-//!   in one); `tls` makes their certificates;
+//!   in one), `pgbouncer` (PgBouncer in front of one, in each pool mode); `tls` makes
+//!   their certificates;
 //! - `proxy`: the fault-injecting TCP proxy (pass, blackhole, cut, refuse, latency, held
 //!   back requests, traffic watching); `clock`: the boot clock and a fake wall clock;
 //! - `backends`: every backend behind one interface, for the conformance suite (the
@@ -26,6 +27,7 @@ mod etcd;
 mod history;
 mod nutcracker;
 mod pg;
+mod pgbouncer;
 mod process;
 mod proxy;
 mod redis;
@@ -38,7 +40,9 @@ mod zookeeper;
 use std::net::TcpListener;
 use std::time::Duration;
 
-pub use backends::{Backend, EtcdTls, FileService, Postgres, Quorum, SentinelService, Service};
+pub use backends::{
+    Backend, EtcdTls, FileService, PgBouncerService, Postgres, Quorum, SentinelService, Service,
+};
 pub use clock::{boottime, FakeClock};
 pub use cluster::RedisCluster;
 pub use etcd::{etcd_key, etcd_slot_key, EtcdServer};
@@ -48,6 +52,7 @@ pub use history::{
 };
 pub use nutcracker::Nutcracker;
 pub use pg::{Db, PrivatePg, Table};
+pub use pgbouncer::{PgBouncer, Pool};
 pub use process::*;
 pub use proxy::{Mode, Proxy, Watch, Watcher};
 pub use redis::{fence_key, limit_key, lock_key, slot_key, waiter_key, RedisServer};

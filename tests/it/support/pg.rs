@@ -219,7 +219,7 @@ fn server_bin() -> PathBuf {
 }
 
 /// The uid and gid of user `postgres`, when running as root (PostgreSQL refuses root).
-fn server_user() -> Option<(u32, u32)> {
+pub(super) fn server_user() -> Option<(u32, u32)> {
     use std::os::unix::fs::MetadataExt;
     let euid = std::fs::metadata("/proc/self").map_or(0, |m| m.uid());
     if euid != 0 {
@@ -516,7 +516,7 @@ impl Drop for PrivatePg {
     }
 }
 
-fn as_server_user(cmd: &mut Command, user: Option<(u32, u32)>) {
+pub(super) fn as_server_user(cmd: &mut Command, user: Option<(u32, u32)>) {
     if let Some((uid, gid)) = user {
         cmd.uid(uid)
             .gid(gid)
