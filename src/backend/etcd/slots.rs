@@ -2,15 +2,21 @@
 //! pure part of the etcd backend's acquire, without I/O. Part of [`super`]; depends on
 //! [`super::wire`] and [`super::value`].
 //!
-//! **Keys.** Slot 0 of lock `NAME` under prefix `P` is `PNAME`, the key of the plain
-//! lock; slot `i` ≥ 1 is `PNAME#i` (`i` in decimal, no leading zero). With `--slots`
-//! above 1, each waiter has the key `PNAME%ID` (ID: its lease's, in hex) on its own
-//! lease: the queue, in the order of the keys' create revisions. Lock names never
-//! contain `#` or `%`, so no other name's keys look like these. The slots lie in
-//! `[PNAME, PNAME$)` (`$` follows `#`; `[PNAME#, PNAME$)` holds the slots ≥ 1) and the
-//! queue in `[PNAME%, PNAME&)`: one range read sees every slot, whatever N its holders
-//! were taken with, and the queue. A key there that is neither (`PNAME!`, `PNAME#x`:
-//! lockrun writes none) is ignored.
+//! **Keys.** Slot 0 of lock `NAME` under prefix `P` is `P{NAME}`, the key of the plain
+//! lock; slot `i` ≥ 1 is `P{NAME}#i` (`i` in decimal, no leading zero). With `--slots`
+//! above 1, each waiter has the key `P{NAME}%ID` (ID: its lease's, 16 hex digits) on its
+//! own lease: the queue, in the order of the keys' create revisions. Lock names never
+//! contain `{` or `}`, and the suffixes follow the `}`: in any key the last `}` closes
+//! the name and the last `{` before it opens it, so two different (prefix, name) pairs
+//! never share a key, whatever bytes the prefix holds (Redis writes its keys alike).
+//! The slots lie in `[P{NAME}, P{NAME}$)` (`$` follows `#`; `[P{NAME}#, P{NAME}$)` holds
+//! the slots ≥ 1) and the queue in `[P{NAME}%, P{NAME}&)`: one range read sees every
+//! slot, whatever N its holders were taken with, and the queue. No other lock's key
+//! lies there unless another prefix begins with this lock's key `P{NAME}` followed by
+//! `#` or `%` (it holds a `}`): such a key, and any key there that is neither a slot's
+//! nor a waiter's in exactly the form above (`P{NAME}!`, `P{NAME}#x`: lockrun writes
+//! none), is never read as one, so never counted, shown or deleted; at worst it makes a
+//! transaction's range compare fail and the acquire read and try again.
 //!
 //! **Taking a slot** is one or more transactions, each answered with a read of the
 //! range when it does not apply:
@@ -45,7 +51,7 @@ pub const MAX_TXN_COMPARES: usize = 128;
 /// The keys of one lock name, for an acquirer with `--slots slots`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlotKeys {
-    /// `PNAME`: slot 0, and the start of the name's range.
+    /// `P{NAME}`: slot 0, and the start of the name's range.
     base: String,
     /// `--slots`: with more than 1, waiters queue.
     slots: u32,
@@ -87,7 +93,7 @@ impl SlotKeys {
     /// The keys of lock `name` under `prefix`, for an acquirer with `--slots slots`.
     pub fn new(prefix: &str, name: &str, slots: u32) -> SlotKeys {
         SlotKeys {
-            base: format!("{prefix}{name}"),
+            base: format!("{prefix}{{{name}}}"),
             slots,
         }
     }
@@ -115,13 +121,13 @@ impl SlotKeys {
         self.base.as_bytes()
     }
 
-    /// The end of the name's slots, excluded: `PNAME$`.
+    /// The end of the name's slots, excluded: `P{NAME}$`.
     pub fn end(&self) -> Vec<u8> {
         format!("{}$", self.base).into_bytes()
     }
 
     /// The end of what a read covers, excluded: the slots, and the queue if waiters
-    /// queue (`PNAME&`).
+    /// queue (`P{NAME}&`).
     pub fn read_end(&self) -> Vec<u8> {
         match self.queued() {
             true => format!("{}&", self.base).into_bytes(),
@@ -129,12 +135,12 @@ impl SlotKeys {
         }
     }
 
-    /// The first key of the slots ≥ 1: `PNAME#`.
+    /// The first key of the slots ≥ 1: `P{NAME}#`.
     fn others(&self) -> Vec<u8> {
         format!("{}#", self.base).into_bytes()
     }
 
-    /// The first key of the queue: `PNAME%`.
+    /// The first key of the queue: `P{NAME}%`.
     fn queue_start(&self) -> Vec<u8> {
         format!("{}%", self.base).into_bytes()
     }
@@ -154,14 +160,23 @@ impl SlotKeys {
         std::str::from_utf8(digits).ok()?.parse().ok()
     }
 
+    /// Whether `key` is a waiter's key of this name ([`SlotKeys::waiter_key`]): `%`
+    /// and 16 lower-case hex digits after the name's key, nothing else.
+    pub fn is_waiter(&self, key: &[u8]) -> bool {
+        key.strip_prefix(self.base.as_bytes())
+            .and_then(|rest| rest.strip_prefix(b"%"))
+            .is_some_and(|id| {
+                id.len() == 16 && id.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            })
+    }
+
     /// The slot keys and waiter keys among `kvs` (a read of the name's range).
     pub fn read(&self, kvs: impl IntoIterator<Item = KeyValue>) -> Read {
-        let queue_start = self.queue_start();
         let mut read = Read::default();
         for kv in kvs {
             if let Some(slot) = self.slot_of(&kv.key) {
                 read.held.insert(slot, kv);
-            } else if kv.key.starts_with(&queue_start) {
+            } else if self.is_waiter(&kv.key) {
                 read.queue.push(kv);
             }
         }

@@ -2,15 +2,16 @@
 //! per slot of a semaphore (`--slots N`).
 //!
 //! Table `T` (`--pg-table`, created with its sequence `T_fence` when missing) holds a row
-//! per lock key `PREFIX + NAME`: the holder's `token`, `fence`, `host`, `pid`, `since` and
+//! per lock key `PREFIX{NAME}` (`keys.rs`: injective, no two (prefix, name) pairs share
+//! one): the holder's `token`, `fence`, `host`, `pid`, `since` and
 //! `expires_at`. Release and `release --force` do not delete the row: they mark it free
 //! (empty token, expired), so that the row lock orders every acquisition of a name.
 //!
 //! **Semaphores** (`--slots N`, N > 1) use the same table, unchanged (no column added:
 //! an existing table keeps working, whoever owns it). Slot 0 is the plain lock's row
-//! `PREFIX + NAME` (so a plain lock, and an older lockrun, sees a semaphore's first
-//! holder as its holder), slot `i` the row `PREFIX + NAME#i`, and the limit row
-//! `PREFIX + NAME#slots` is live while any slot is (`slots.rs`: no name has a `#`).
+//! `PREFIX{NAME}` (so a plain lock sees a semaphore's first holder as its holder), slot
+//! `i` the row `PREFIX{NAME}#i`, and the limit row `PREFIX{NAME}#slots` is live while
+//! any slot is (`slots.rs`, `keys.rs`).
 //! Each slot is a lease of its own, renewed, expired and released as a plain lock's
 //! row. A semaphore's holder stores its token as `TOKEN/N`, which records N: a row
 //! without `/N` (a plain lock, any older lockrun) was taken with N = 1. The limit row
@@ -93,6 +94,7 @@
 //! (error lines), `tls.rs` (rustls for `sslmode`).
 
 mod errors;
+mod keys;
 mod requests;
 mod slots;
 mod sql;
@@ -332,7 +334,7 @@ impl PostgresBackend {
     }
 
     fn key(&self, name: &str) -> String {
-        format!("{}{name}", self.key_prefix)
+        keys::lock_key(&self.key_prefix, name)
     }
 
     fn channel(&self, name: &str) -> String {

@@ -3,23 +3,23 @@
 //! the queue of its waiters. Pure text: no I/O here. Part of [`super`]; the parts
 //! shared with a plain lock's statements are in `sql.rs`.
 //!
-//! Rows of name `KEY` (`PREFIX + NAME`), in the lock table:
+//! Rows of name `KEY` (`PREFIX{NAME}`, `keys.rs`), in the lock table:
 //! - `KEY`: slot 0, the plain lock's row, as ever;
 //! - `KEY#i`: slot `i`;
 //! - `KEY#slots`: the limit row, live while any slot is held, with the holders' N in
 //!   its token (`/N`) and the latest of their expiries: what a plain lock, or a
 //!   semaphore with another N, looks at to see holders in slots it does not read.
 //!
-//! No name has a `#`, so none of these is another name's key.
+//! The suffixes follow the `}` that closes the name, so none of these is another
+//! (prefix, name) pair's key (`keys.rs`).
 
 use std::time::Duration;
 
 use super::sql::{cleanup, fnv1a, holder, take_expired, SLOTS_OF_TOKEN};
 use crate::backend::MAX_WAIT_SLICE;
 
-/// The key of slot `slot` of the lock whose plain key is `key` (`PREFIX + NAME`): slot 0
-/// is that key itself, the row a plain lock has (and that an older lockrun reads);
-/// slot `i` is `KEY#i`.
+/// The key of slot `slot` of the lock whose plain key is `key` (`PREFIX{NAME}`): slot 0
+/// is that key itself, the row a plain lock has; slot `i` is `KEY#i`.
 pub(super) fn slot_key(key: &str, slot: u32) -> String {
     match slot {
         0 => key.to_owned(),
