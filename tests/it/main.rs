@@ -7,6 +7,8 @@
 //! - `conformance`: SPEC's contract, written once and run against every backend;
 //! - `redis_keys`, `redis_slots`, `redis_eviction`, `redis_cluster`, `redlock`, `sentinel`,
 //!   `postgres`, `etcd`, `file_backend`, `auth`, `tls`: what only one backend has;
+//!   `etcd_auth`, `postgres_grants`: least-privilege etcd users and PostgreSQL roles,
+//!   and the line of each missing permission;
 //!   `redis_acl`, `redis_errors`: the ACL rule the README states, and the line of each
 //!   misconfigured Redis connection; `redis_proxies`: Redis behind twemproxy, and servers
 //!   without `HELLO` or `SUBSCRIBE`;
@@ -22,6 +24,7 @@ mod conformance;
 mod contention;
 mod docs;
 mod etcd;
+mod etcd_auth;
 mod exit_status;
 mod fencing;
 mod file_backend;

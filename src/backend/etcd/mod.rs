@@ -81,7 +81,7 @@ use std::time::Duration;
 use crate::backend::conn::{Connection, Slot};
 use crate::backend::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::config::BackendConfig;
-use errors::{describe, never_sent};
+use errors::never_sent;
 use rpc::{Client, RpcError};
 use slots::SlotKeys;
 pub use target::{EtcdTarget, KIND};
@@ -194,7 +194,7 @@ impl EtcdBackend {
                 Err((e, member)) => {
                     tries -= 1;
                     if tries == 0 || !never_sent(&e) {
-                        return Err(describe(&e, self.member_name(member)));
+                        return Err(self.describe(&e, member));
                     }
                 }
             }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt};
 
-use super::errors::is_lease_not_found;
+use super::errors::{access_error, describe, is_lease_not_found, Access};
 use super::slots::{Held, Read, SlotKeys};
 use super::value::{holder_from, lease_secs, new_lease_id, ttl_secs, MAX_LEASE};
 use super::wire::{
@@ -23,6 +23,17 @@ const LOOKUPS_AT_ONCE: usize = 32;
 const MIN_KEEP_ALIVE: Duration = Duration::from_millis(100);
 
 impl EtcdBackend {
+    /// The line for error `e` of member number `member`: an authentication or
+    /// permission refusal names the user and the key prefix ([`access_error`]).
+    pub(super) fn describe(&self, e: &super::rpc::RpcError, member: u64) -> BackendError {
+        let at = self.member_name(member);
+        let who = Access {
+            user: self.target.credentials.as_ref().map(|(u, _)| u.as_str()),
+            prefix: &self.key_prefix,
+        };
+        access_error(e, at, who).unwrap_or_else(|| describe(e, at))
+    }
+
     /// Revokes lease `id` (and so deletes the keys attached to it). False if the lease
     /// was already gone.
     pub(super) async fn revoke(&self, id: i64) -> Result<bool, BackendError> {
