@@ -167,6 +167,9 @@ fn a_user_confined_to_the_prefix_runs_waits_inspects_and_breaks_locks() {
     assert_eq!(etcd.keys_with_prefix("lockrun:"), Vec::<String>::new());
 }
 
+/// A misconfiguration: the URL, the password, extra options, what the line must say.
+type Case<'a> = (String, Option<&'a str>, Vec<&'a str>, Vec<String>);
+
 #[test]
 fn each_authentication_and_permission_mistake_is_one_line_naming_the_fix() {
     let etcd = least_privilege_etcd();
@@ -185,8 +188,7 @@ fn each_authentication_and_permission_mistake_is_one_line_naming_the_fix() {
     let at = format!("127.0.0.1:{port}");
     let team_line = "etcdctl role grant-permission ROLE --prefix=true readwrite 'team:'";
     let lockrun_line = "etcdctl role grant-permission ROLE --prefix=true readwrite 'lockrun:'";
-    // (URL, password, extra options, what the line must say)
-    let cases: Vec<(String, Option<&str>, Vec<&str>, Vec<String>)> = vec![
+    let cases: Vec<Case> = vec![
         (
             format!("etcd://{at}"),
             None,
