@@ -33,6 +33,7 @@ mod lease;
 mod metrics;
 mod operations;
 mod postgres;
+mod postgres_grants;
 mod redis_acl;
 mod redis_cluster;
 mod redis_errors;

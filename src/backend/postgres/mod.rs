@@ -306,13 +306,8 @@ impl PostgresBackend {
                 Ok(())
             }
             Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
-                Err(BackendError::Refused(format!(
-                    "PostgreSQL at {} does not let this user create the lock table {} \
-                     ({}): grant CREATE on its schema, or create it once as a user who may",
-                    self.display,
-                    self.target.table,
-                    e.as_db_error().map_or("", |d| d.message())
-                )))
+                let msg = e.as_db_error().map_or("", |d| d.message());
+                Err(errors::create_denied(&self.display, self.grantee(), msg))
             }
             Err(e) => Err(self.error(&e)),
         }
@@ -341,9 +336,19 @@ impl PostgresBackend {
         channel(&self.target.table, &self.key(name))
     }
 
-    /// Translates a client error (see [`errors::describe`]).
+    /// Translates a client error (see [`errors::describe`]; a privilege error names
+    /// the GRANT that fixes it, [`errors::privilege_error`]).
     fn error(&self, e: &tokio_postgres::Error) -> BackendError {
-        errors::describe(e, &self.display, &self.target.table)
+        errors::privilege_error(e, &self.display, self.grantee())
+            .unwrap_or_else(|| errors::describe(e, &self.display, &self.target.table))
+    }
+
+    /// The user and the lock table, for privilege errors.
+    fn grantee(&self) -> errors::Grantee<'_> {
+        errors::Grantee {
+            user: self.target.config.get_user(),
+            table: &self.target.table,
+        }
     }
 }
 
