@@ -8,7 +8,8 @@
 //! - `redis_keys`, `redis_slots`, `redis_eviction`, `redis_cluster`, `redlock`, `sentinel`,
 //!   `postgres`, `etcd`, `file_backend`, `auth`, `tls`: what only one backend has;
 //!   `etcd_auth`, `postgres_grants`: least-privilege etcd users and PostgreSQL roles,
-//!   and the line of each missing permission;
+//!   and the line of each missing permission; `key_layout`: an older lockrun's lock
+//!   (keys before `PREFIX{NAME}`) is busy for a plain lock;
 //!   `redis_acl`, `redis_errors`: the ACL rule the README states, and the line of each
 //!   misconfigured Redis connection; `redis_proxies`: Redis behind twemproxy, and servers
 //!   without `HELLO` or `SUBSCRIBE`;
@@ -29,6 +30,7 @@ mod exit_status;
 mod fencing;
 mod file_backend;
 mod fuzz;
+mod key_layout;
 mod lease;
 mod metrics;
 mod operations;

@@ -18,6 +18,10 @@
 //! none), is never read as one, so never counted, shown or deleted; at worst it makes a
 //! transaction's range compare fail and the acquire read and try again.
 //!
+//! **Upgrades.** Lockrun before braces wrote `PNAME`. A plain acquisition (`--slots 1`)
+//! also compares that key absent and reads it as a holder of slot 0
+//! ([`SlotKeys::legacy`]): an older lockrun's live lock is busy for it.
+//!
 //! **Taking a slot** is one or more transactions, each answered with a read of the
 //! range when it does not apply:
 //! 1. [`first_try`]: if no key of the name exists at all (no slot held, nobody
@@ -55,6 +59,9 @@ pub struct SlotKeys {
     base: String,
     /// `--slots`: with more than 1, waiters queue.
     slots: u32,
+    /// A plain lock's key in the layout before braces, `PNAME`, if a plain lock (see
+    /// [`SlotKeys::legacy`]).
+    legacy: Option<String>,
 }
 
 /// The live slot keys of a name, by slot (a key exists only while its lease lives).
@@ -95,7 +102,18 @@ impl SlotKeys {
         SlotKeys {
             base: format!("{prefix}{{{name}}}"),
             slots,
+            legacy: (slots == 1).then(|| format!("{prefix}{name}")),
         }
+    }
+
+    /// The key an older lockrun (before braces) gave a plain lock, `PNAME`: a plain
+    /// acquisition takes nothing while it exists, and reads it as a holder of slot 0,
+    /// so a lock an older lockrun holds is busy for this one (an older lockrun does not
+    /// see ours). It may be the old key of another pair too: then that pair's older
+    /// holder makes this one wait, never the reverse. Nothing else reads or writes it
+    /// (`status` and `release --force` read the name's range, where it never lies).
+    pub fn legacy(&self) -> Option<&str> {
+        self.legacy.as_deref()
     }
 
     /// Whether waiters queue (`--slots` above 1).
@@ -176,6 +194,8 @@ impl SlotKeys {
         for kv in kvs {
             if let Some(slot) = self.slot_of(&kv.key) {
                 read.held.insert(slot, kv);
+            } else if self.legacy().is_some_and(|old| kv.key == old.as_bytes()) {
+                read.held.entry(0).or_insert(kv);
             } else if self.is_waiter(&kv.key) {
                 read.queue.push(kv);
             }
@@ -245,7 +265,17 @@ pub fn first_try(keys: &SlotKeys, value: &str, lease: i64) -> TxnRequest {
         txn.failure
             .push(RequestOp::put(keys.waiter_key(lease), "", lease));
     }
+    guard_legacy(keys, &mut txn);
     txn
+}
+
+/// A plain lock's transaction also needs its [`SlotKeys::legacy`] key absent, and
+/// reads it when that fails.
+fn guard_legacy(keys: &SlotKeys, txn: &mut TxnRequest) {
+    if let Some(old) = keys.legacy() {
+        txn.compare.push(Compare::created_at(old, 0));
+        txn.failure.push(RequestOp::range_of(old, b""));
+    }
 }
 
 /// The transaction that takes `slot`, chosen from `held` as read at `revision`: put it
@@ -274,11 +304,13 @@ pub fn take(
     if keys.queued() {
         success.push(RequestOp::delete(keys.waiter_key(lease)));
     }
-    TxnRequest {
+    let mut txn = TxnRequest {
         compare,
         success,
         failure: vec![RequestOp::range_of(keys.start(), keys.read_end())],
-    }
+    };
+    guard_legacy(keys, &mut txn);
+    txn
 }
 
 #[cfg(test)]

@@ -11,11 +11,21 @@
 //! Lockrun 0.x before this layout wrote `PREFIXNAME`, which is not injective
 //! (`lockrun:a:` + `b` and `lockrun:` + `a:b` were one lock). A row of that layout is
 //! never a row of this one unless its prefix held a `}`: every key here ends with `}`,
-//! `}#i` or `}#slots`.
+//! `}#i` or `}#slots`. While older lockruns may still hold locks, a plain acquisition
+//! also looks at [`legacy_key`] (read only).
 
 /// The key of lock `name` under `prefix`: slot 0's row, the plain lock's.
 pub(super) fn lock_key(prefix: &str, name: &str) -> String {
     format!("{prefix}{{{name}}}")
+}
+
+/// The key lockrun gave lock `name` under `prefix` before this layout, `PREFIXNAME`:
+/// a plain acquisition treats a live row there as a holder, so a lock an older
+/// lockrun holds is busy for this one (an older lockrun does not see ours). It may be
+/// the old key of another pair too: then that pair's holder makes this one wait, never
+/// the reverse, and nothing else reads or writes it.
+pub(super) fn legacy_key(prefix: &str, name: &str) -> String {
+    format!("{prefix}{name}")
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
+use super::keys::legacy_key;
 use super::slots::{join_queue, leave_queue, limit_key, name_lock_id, queue_lock_id};
 use super::slots::{slot_key, slot_keys, stored_token};
 use super::sql::{millis, OnToken};
@@ -163,7 +164,7 @@ impl PostgresBackend {
         let pid = i64::from(req.pid);
         let ttl = millis(req.ttl)?;
         let (keys, token) = (self.keys(name), stored_token(&req.token, self.slots));
-        let limit = limit_key(&key);
+        let (limit, legacy) = (limit_key(&key), legacy_key(&self.key_prefix, name));
         let (n, lock) = (
             i64::from(self.slots),
             name_lock_id(&self.target.table, &key),
@@ -178,6 +179,7 @@ impl PostgresBackend {
                         (&pid, Type::INT8),
                         (&ttl, Type::INT8),
                         (&limit, Type::TEXT),
+                        (&legacy, Type::TEXT),
                     ];
                     self.query(&self.sql.acquire, params, Missing::Create)
                         .await?

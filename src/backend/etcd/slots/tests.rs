@@ -182,12 +182,17 @@ fn the_first_try_puts_slot_0_only_if_no_key_of_the_name_exists() {
         [
             Compare::created_at("lockrun:{job}", 0),
             Compare::none_in("lockrun:{job}#", "lockrun:{job}$"),
+            // An older lockrun's key of the plain lock.
+            Compare::created_at("lockrun:job", 0),
         ]
     );
     assert_eq!(txn.success, [RequestOp::put("lockrun:{job}", "v", 42)]);
     assert_eq!(
         txn.failure,
-        [RequestOp::range_of("lockrun:{job}", "lockrun:{job}$")]
+        [
+            RequestOp::range_of("lockrun:{job}", "lockrun:{job}$"),
+            RequestOp::range_of("lockrun:job", ""),
+        ]
     );
     // A semaphore's also needs nobody waiting, and queues us when it fails.
     let txn = first_try(&job(), "v", 42);
@@ -246,9 +251,13 @@ fn taking_a_slot_checks_it_is_free_and_nothing_changed_since_the_read() {
     // A plain lock has no waiter key, and reads its slots alone.
     let txn = take(&plain(), &Held::new(), 20, 0, "v", 42);
     assert_eq!(txn.success, [RequestOp::put("lockrun:{job}", "v", 42)]);
+    assert_eq!(txn.compare[2], Compare::created_at("lockrun:job", 0));
     assert_eq!(
         txn.failure,
-        [RequestOp::range_of("lockrun:{job}", "lockrun:{job}$")]
+        [
+            RequestOp::range_of("lockrun:{job}", "lockrun:{job}$"),
+            RequestOp::range_of("lockrun:job", ""),
+        ]
     );
 }
 
@@ -394,4 +403,22 @@ fn waiter_keys_are_exactly_sixteen_hex_digits() {
     ] {
         assert!(!k.is_waiter(odd.as_bytes()), "{odd}");
     }
+}
+
+#[test]
+fn an_older_lockruns_key_is_a_holder_for_a_plain_lock_only() {
+    assert_eq!(plain().legacy(), Some("lockrun:job"));
+    assert_eq!(job().legacy(), None);
+    let mut old = kv(0, PLAIN, 3);
+    old.key = b"lockrun:job".to_vec();
+    let read = plain().read([old.clone()]);
+    assert_eq!(read.held.get(&0), Some(&old));
+    assert_eq!(choose(&read.held, 1, 0), Choice::Busy);
+    // A semaphore's reads never hold it (nor does its range).
+    assert!(job().read([old.clone()]).held.is_empty());
+    assert!(!(job().start() <= old.key.as_slice() && old.key < job().read_end()));
+    // Our own slot 0 wins when both are there.
+    let ours = kv(0, PLAIN, 5);
+    let read = plain().read([old, ours.clone()]);
+    assert_eq!(read.held.get(&0), Some(&ours));
 }
