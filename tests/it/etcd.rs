@@ -277,8 +277,8 @@ fn each_slot_is_its_own_key_on_its_holders_own_lease() {
         holders.push((lr, token));
     }
     assert_eq!(
-        etcd.keys_with_prefix("lockrun:job"),
-        ["lockrun:job", "lockrun:job#1", "lockrun:job#2"]
+        etcd.keys_with_prefix("lockrun:{job}"),
+        ["lockrun:{job}", "lockrun:{job}#1", "lockrun:{job}#2"]
     );
     // Every slot held: busy, and nothing left behind by the busy run.
     run(lockrun_run(&etcd.url(), "job", &opts, &["true"])).assert_failure(75);
@@ -305,7 +305,7 @@ fn each_slot_is_its_own_key_on_its_holders_own_lease() {
             lr.wait().assert_code(0);
         }
     }
-    assert_eq!(etcd.keys_with_prefix("lockrun:job"), Vec::<String>::new());
+    assert_eq!(etcd.keys_with_prefix("lockrun:{job}"), Vec::<String>::new());
     assert_eq!(etcd.lease_count(), 0, "a lease was left behind");
 }
 
@@ -392,7 +392,7 @@ fn concurrent_acquirers_never_share_a_slot() {
     tokens.sort_unstable();
     tokens.dedup();
     assert_eq!(tokens.len(), 9, "two runs had one token: {log}");
-    assert_eq!(etcd.keys_with_prefix("lockrun:job"), Vec::<String>::new());
+    assert_eq!(etcd.keys_with_prefix("lockrun:{job}"), Vec::<String>::new());
     assert_eq!(etcd.lease_count(), 0, "a lease was left behind");
 }
 
@@ -451,7 +451,7 @@ fn release_force_breaks_every_slot_and_revokes_its_lease() {
             f.stderr
         );
     }
-    assert_eq!(etcd.keys_with_prefix("lockrun:job"), Vec::<String>::new());
+    assert_eq!(etcd.keys_with_prefix("lockrun:{job}"), Vec::<String>::new());
     assert_eq!(
         etcd.lease_count(),
         0,
@@ -466,7 +466,7 @@ fn release_force_breaks_every_slot_and_revokes_its_lease() {
 
 /// The waiter keys of semaphore "job" (one per lockrun waiting, each on its lease).
 fn waiter_keys(etcd: &EtcdServer) -> Vec<String> {
-    etcd.keys_with_prefix("lockrun:job%")
+    etcd.keys_with_prefix("lockrun:{job}%")
 }
 
 /// Spawns a lockrun waiting for a slot of "job" (2 slots, `--ttl 2s`) running
@@ -539,7 +539,7 @@ fn a_semaphores_waiters_queue_on_leases_kept_alive_and_leave_nothing() {
     w1.touch("go");
     h0.wait().assert_code(0);
     first.wait().assert_code(0);
-    assert_eq!(etcd.keys_with_prefix("lockrun:job"), Vec::<String>::new());
+    assert_eq!(etcd.keys_with_prefix("lockrun:{job}"), Vec::<String>::new());
     assert_eq!(etcd.lease_count(), 0, "a lease was left behind");
 }
 

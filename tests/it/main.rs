@@ -7,7 +7,11 @@
 //! - `conformance`: SPEC's contract, written once and run against every backend;
 //! - `redis_keys`, `redis_slots`, `redis_eviction`, `redis_cluster`, `redlock`, `sentinel`,
 //!   `postgres`, `pgbouncer`, `etcd`, `file_backend`, `auth`, `tls`: what only one backend
-//!   has (`pgbouncer`: PostgreSQL through PgBouncer);
+//!   has (`pgbouncer`: PostgreSQL through PgBouncer); `postgres_tls`, `etcd_tls`: verified
+//!   TLS, client certificates and the line of each refused set-up; `etcd_auth`,
+//!   `postgres_grants`: least-privilege etcd users and PostgreSQL roles, and the line of
+//!   each missing permission; `key_layout`: an older lockrun's lock (keys before
+//!   `PREFIX{NAME}`) is busy for a plain lock;
 //!   `redis_acl`, `redis_errors`: the ACL rule the README states, and the line of each
 //!   misconfigured Redis connection; `redis_proxies`: Redis behind twemproxy, and servers
 //!   without `HELLO` or `SUBSCRIBE`;
@@ -23,16 +27,19 @@ mod conformance;
 mod contention;
 mod docs;
 mod etcd;
+mod etcd_auth;
 mod etcd_tls;
 mod exit_status;
 mod fencing;
 mod file_backend;
 mod fuzz;
+mod key_layout;
 mod lease;
 mod metrics;
 mod operations;
 mod pgbouncer;
 mod postgres;
+mod postgres_grants;
 mod postgres_tls;
 mod redis_acl;
 mod redis_cluster;

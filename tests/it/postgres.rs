@@ -366,10 +366,10 @@ fn a_semaphores_slots_are_rows_of_their_own() {
     }
     let stored = rows(&t);
     let keys: Vec<String> = stored.iter().map(|r| r.0.clone()).collect();
-    let limit = "lockrun:job#slots";
+    let limit = "lockrun:{job}#slots";
     assert_eq!(
         keys,
-        ["lockrun:job", "lockrun:job#1", "lockrun:job#2", limit]
+        ["lockrun:{job}", "lockrun:{job}#1", "lockrun:{job}#2", limit]
     );
     for (name, token, live) in &stored {
         assert!(*live, "{name} is not held");
@@ -383,7 +383,7 @@ fn a_semaphores_slots_are_rows_of_their_own() {
     // The limit row lasts as long as the last lease of a slot.
     let covers = t.db.value(&format!(
         "SELECT (l.expires_at >= max(s.expires_at))::text FROM {0} l, {0} s \
-         WHERE l.name = '{limit}' AND s.name LIKE 'lockrun:job%' AND s.name <> l.name \
+         WHERE l.name = '{limit}' AND s.name LIKE 'lockrun:{{job}}%' AND s.name <> l.name \
          GROUP BY l.expires_at",
         t.name
     ));

@@ -1,20 +1,21 @@
 //! The etcd backend (`etcd://host:port[,host:port...]`, `etcds://` over TLS): the lock
 //! is a key attached to the holder's lease, kept alive while the command runs.
 //!
-//! Lock `NAME` under prefix `P` is the key `PNAME`. Its value is JSON
+//! Lock `NAME` under prefix `P` is the key `P{NAME}` (no two (prefix, name) pairs share
+//! a key: names hold no brace, see [`slots`]). Its value is JSON
 //! `{"token", "host", "pid", "since_ms"}` for `status` (`since_ms` by the holder's clock:
 //! etcd tells no time). The fencing token is the revision at which the key was created
 //! (its `create_revision`): etcd's revision counter is cluster-wide and only grows, so
 //! every later acquisition of `NAME` gets a larger one (while etcd keeps its data).
 //!
-//! **Semaphores** (`--slots N`): slot 0 is the key `PNAME` above, slot `i` ≥ 1 the key
-//! `PNAME#i` (lock names never contain `#`), each holder's key on its own lease; the
+//! **Semaphores** (`--slots N`): slot 0 is the key `P{NAME}` above, slot `i` ≥ 1 the key
+//! `P{NAME}#i`, each holder's key on its own lease; the
 //! value also records `"slot"` and `"slots"` (N). The fencing token is still the key's
 //! create revision: cluster-wide, so it grows over every slot. How a slot is taken (the
 //! lowest free one, a holder with another N refused, in the same transaction that puts
 //! the key) is in [`slots`]; with N = 1 it is one transaction, as for the plain lock.
 //! With N > 1 waiters queue, first come first served: an acquirer that finds the
-//! semaphore in use puts a waiter key `PNAME%ID` on its lease, and takes a free slot
+//! semaphore in use puts a waiter key `P{NAME}%ID` on its lease, and takes a free slot
 //! only when no earlier waiter is left without one.
 //!
 //! **Ownership** is "the key is attached to our lease". We choose the lease ID ourselves
@@ -81,7 +82,7 @@ use std::time::Duration;
 use crate::backend::conn::{Connection, Slot};
 use crate::backend::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::config::BackendConfig;
-use errors::{explain, never_sent};
+use errors::never_sent;
 use rpc::{Client, RpcError};
 use slots::SlotKeys;
 pub use target::{EtcdTarget, KIND};
@@ -195,8 +196,7 @@ impl EtcdBackend {
                 Err((e, member, answered)) => {
                     tries -= 1;
                     if tries == 0 || !never_sent(&e) {
-                        let at = self.member_name(member);
-                        return Err(explain(&e, &self.target, at, !answered).await);
+                        return Err(self.describe(&e, member, !answered).await);
                     }
                 }
             }

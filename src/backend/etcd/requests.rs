@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt};
 
-use super::errors::is_lease_not_found;
+use super::errors::{access_error, explain, is_lease_not_found, Access};
 use super::slots::{Held, Read, SlotKeys};
 use super::value::{holder_from, lease_secs, new_lease_id, ttl_secs, MAX_LEASE};
 use super::wire::{
@@ -23,6 +23,27 @@ const LOOKUPS_AT_ONCE: usize = 32;
 const MIN_KEEP_ALIVE: Duration = Duration::from_millis(100);
 
 impl EtcdBackend {
+    /// The line for error `e` of member number `member`: an authentication or
+    /// permission refusal names the user and the key prefix ([`access_error`]); any
+    /// other error is [`explain`]ed, with a look at the member's port when the
+    /// connection was `fresh` (it never answered).
+    pub(super) async fn describe(
+        &self,
+        e: &super::rpc::RpcError,
+        member: u64,
+        fresh: bool,
+    ) -> BackendError {
+        let at = self.member_name(member);
+        let who = Access {
+            user: self.target.credentials.as_ref().map(|(u, _)| u.as_str()),
+            prefix: &self.key_prefix,
+        };
+        match access_error(e, at, who) {
+            Some(refused) => refused,
+            None => explain(e, &self.target, at, fresh).await,
+        }
+    }
+
     /// Revokes lease `id` (and so deletes the keys attached to it). False if the lease
     /// was already gone.
     pub(super) async fn revoke(&self, id: i64) -> Result<bool, BackendError> {

@@ -2,15 +2,25 @@
 //! pure part of the etcd backend's acquire, without I/O. Part of [`super`]; depends on
 //! [`super::wire`] and [`super::value`].
 //!
-//! **Keys.** Slot 0 of lock `NAME` under prefix `P` is `PNAME`, the key of the plain
-//! lock; slot `i` ≥ 1 is `PNAME#i` (`i` in decimal, no leading zero). With `--slots`
-//! above 1, each waiter has the key `PNAME%ID` (ID: its lease's, in hex) on its own
-//! lease: the queue, in the order of the keys' create revisions. Lock names never
-//! contain `#` or `%`, so no other name's keys look like these. The slots lie in
-//! `[PNAME, PNAME$)` (`$` follows `#`; `[PNAME#, PNAME$)` holds the slots ≥ 1) and the
-//! queue in `[PNAME%, PNAME&)`: one range read sees every slot, whatever N its holders
-//! were taken with, and the queue. A key there that is neither (`PNAME!`, `PNAME#x`:
-//! lockrun writes none) is ignored.
+//! **Keys.** Slot 0 of lock `NAME` under prefix `P` is `P{NAME}`, the key of the plain
+//! lock; slot `i` ≥ 1 is `P{NAME}#i` (`i` in decimal, no leading zero). With `--slots`
+//! above 1, each waiter has the key `P{NAME}%ID` (ID: its lease's, 16 hex digits) on its
+//! own lease: the queue, in the order of the keys' create revisions. Lock names never
+//! contain `{` or `}`, and the suffixes follow the `}`: in any key the last `}` closes
+//! the name and the last `{` before it opens it, so two different (prefix, name) pairs
+//! never share a key, whatever bytes the prefix holds (Redis writes its keys alike).
+//! The slots lie in `[P{NAME}, P{NAME}$)` (`$` follows `#`; `[P{NAME}#, P{NAME}$)` holds
+//! the slots ≥ 1) and the queue in `[P{NAME}%, P{NAME}&)`: one range read sees every
+//! slot, whatever N its holders were taken with, and the queue. No other lock's key
+//! lies there unless another prefix begins with this lock's key `P{NAME}` followed by
+//! `#` or `%` (it holds a `}`): such a key, and any key there that is neither a slot's
+//! nor a waiter's in exactly the form above (`P{NAME}!`, `P{NAME}#x`: lockrun writes
+//! none), is never read as one, so never counted, shown or deleted; at worst it makes a
+//! transaction's range compare fail and the acquire read and try again.
+//!
+//! **Upgrades.** Lockrun before braces wrote `PNAME`. A plain acquisition (`--slots 1`)
+//! also compares that key absent and reads it as a holder of slot 0
+//! ([`SlotKeys::legacy`]): an older lockrun's live lock is busy for it.
 //!
 //! **Taking a slot** is one or more transactions, each answered with a read of the
 //! range when it does not apply:
@@ -45,10 +55,13 @@ pub const MAX_TXN_COMPARES: usize = 128;
 /// The keys of one lock name, for an acquirer with `--slots slots`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlotKeys {
-    /// `PNAME`: slot 0, and the start of the name's range.
+    /// `P{NAME}`: slot 0, and the start of the name's range.
     base: String,
     /// `--slots`: with more than 1, waiters queue.
     slots: u32,
+    /// A plain lock's key in the layout before braces, `PNAME`, if a plain lock (see
+    /// [`SlotKeys::legacy`]).
+    legacy: Option<String>,
 }
 
 /// The live slot keys of a name, by slot (a key exists only while its lease lives).
@@ -87,9 +100,20 @@ impl SlotKeys {
     /// The keys of lock `name` under `prefix`, for an acquirer with `--slots slots`.
     pub fn new(prefix: &str, name: &str, slots: u32) -> SlotKeys {
         SlotKeys {
-            base: format!("{prefix}{name}"),
+            base: format!("{prefix}{{{name}}}"),
             slots,
+            legacy: (slots == 1).then(|| format!("{prefix}{name}")),
         }
+    }
+
+    /// The key an older lockrun (before braces) gave a plain lock, `PNAME`: a plain
+    /// acquisition takes nothing while it exists, and reads it as a holder of slot 0,
+    /// so a lock an older lockrun holds is busy for this one (an older lockrun does not
+    /// see ours). It may be the old key of another pair too: then that pair's older
+    /// holder makes this one wait, never the reverse. Nothing else reads or writes it
+    /// (`status` and `release --force` read the name's range, where it never lies).
+    pub fn legacy(&self) -> Option<&str> {
+        self.legacy.as_deref()
     }
 
     /// Whether waiters queue (`--slots` above 1).
@@ -115,13 +139,13 @@ impl SlotKeys {
         self.base.as_bytes()
     }
 
-    /// The end of the name's slots, excluded: `PNAME$`.
+    /// The end of the name's slots, excluded: `P{NAME}$`.
     pub fn end(&self) -> Vec<u8> {
         format!("{}$", self.base).into_bytes()
     }
 
     /// The end of what a read covers, excluded: the slots, and the queue if waiters
-    /// queue (`PNAME&`).
+    /// queue (`P{NAME}&`).
     pub fn read_end(&self) -> Vec<u8> {
         match self.queued() {
             true => format!("{}&", self.base).into_bytes(),
@@ -129,12 +153,12 @@ impl SlotKeys {
         }
     }
 
-    /// The first key of the slots ≥ 1: `PNAME#`.
+    /// The first key of the slots ≥ 1: `P{NAME}#`.
     fn others(&self) -> Vec<u8> {
         format!("{}#", self.base).into_bytes()
     }
 
-    /// The first key of the queue: `PNAME%`.
+    /// The first key of the queue: `P{NAME}%`.
     fn queue_start(&self) -> Vec<u8> {
         format!("{}%", self.base).into_bytes()
     }
@@ -154,14 +178,25 @@ impl SlotKeys {
         std::str::from_utf8(digits).ok()?.parse().ok()
     }
 
+    /// Whether `key` is a waiter's key of this name ([`SlotKeys::waiter_key`]): `%`
+    /// and 16 lower-case hex digits after the name's key, nothing else.
+    pub fn is_waiter(&self, key: &[u8]) -> bool {
+        key.strip_prefix(self.base.as_bytes())
+            .and_then(|rest| rest.strip_prefix(b"%"))
+            .is_some_and(|id| {
+                id.len() == 16 && id.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            })
+    }
+
     /// The slot keys and waiter keys among `kvs` (a read of the name's range).
     pub fn read(&self, kvs: impl IntoIterator<Item = KeyValue>) -> Read {
-        let queue_start = self.queue_start();
         let mut read = Read::default();
         for kv in kvs {
             if let Some(slot) = self.slot_of(&kv.key) {
                 read.held.insert(slot, kv);
-            } else if kv.key.starts_with(&queue_start) {
+            } else if self.legacy().is_some_and(|old| kv.key == old.as_bytes()) {
+                read.held.entry(0).or_insert(kv);
+            } else if self.is_waiter(&kv.key) {
                 read.queue.push(kv);
             }
         }
@@ -230,7 +265,17 @@ pub fn first_try(keys: &SlotKeys, value: &str, lease: i64) -> TxnRequest {
         txn.failure
             .push(RequestOp::put(keys.waiter_key(lease), "", lease));
     }
+    guard_legacy(keys, &mut txn);
     txn
+}
+
+/// A plain lock's transaction also needs its [`SlotKeys::legacy`] key absent, and
+/// reads it when that fails.
+fn guard_legacy(keys: &SlotKeys, txn: &mut TxnRequest) {
+    if let Some(old) = keys.legacy() {
+        txn.compare.push(Compare::created_at(old, 0));
+        txn.failure.push(RequestOp::range_of(old, b""));
+    }
 }
 
 /// The transaction that takes `slot`, chosen from `held` as read at `revision`: put it
@@ -259,11 +304,13 @@ pub fn take(
     if keys.queued() {
         success.push(RequestOp::delete(keys.waiter_key(lease)));
     }
-    TxnRequest {
+    let mut txn = TxnRequest {
         compare,
         success,
         failure: vec![RequestOp::range_of(keys.start(), keys.read_end())],
-    }
+    };
+    guard_legacy(keys, &mut txn);
+    txn
 }
 
 #[cfg(test)]

@@ -218,3 +218,158 @@ mod tests {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------
+// Privileges on the lock table (issue 13 item 5): a denial names the table, the user
+// and the GRANT that fixes it. Kept apart from `describe` (connections, TLS and
+// authentication), which it overrides for SQLSTATE 42501 only.
+
+/// Who is denied what: the user lockrun connects as and the lock table (`--pg-table`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Grantee<'a> {
+    /// The user of the URL (`None`: the client's default, named "this user").
+    pub(super) user: Option<&'a str>,
+    /// The lock table, `table` or `schema.table` (a checked identifier).
+    pub(super) table: &'a str,
+}
+
+impl Grantee<'_> {
+    /// The user as a GRANT names it (quoted when it must be), or `CURRENT_USER`.
+    fn role(&self) -> String {
+        match self.user {
+            Some(u) => quote_ident(u),
+            None => "CURRENT_USER".to_owned(),
+        }
+    }
+
+    /// The user for a sentence.
+    fn who(&self) -> String {
+        match self.user {
+            Some(u) => format!("user {u:?}"),
+            None => "this user".to_owned(),
+        }
+    }
+
+    /// The GRANTs every lockrun needs on an existing table: its rows and its sequence.
+    fn grants(&self) -> String {
+        let (t, r) = (self.table, self.role());
+        format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON {t} TO {r}; \
+             GRANT USAGE ON SEQUENCE {t}_fence TO {r}"
+        )
+    }
+
+    /// The table's schema (`public` when unqualified: the usual search path's).
+    fn schema(&self) -> &str {
+        self.table.split_once('.').map_or("public", |(s, _)| s)
+    }
+}
+
+/// The line for a privilege error (SQLSTATE 42501) of server `at` on the lock table,
+/// its sequence or its schema; `None` for any other error.
+pub(super) fn privilege_error(
+    e: &tokio_postgres::Error,
+    at: &str,
+    who: Grantee<'_>,
+) -> Option<BackendError> {
+    let db = e.as_db_error()?;
+    if db.code().code() != "42501" {
+        return None;
+    }
+    let msg = db.message().replace('\n', " ");
+    let (t, r, user) = (who.table, who.role(), who.who());
+    let line = if msg.contains("for sequence") {
+        format!(
+            "PostgreSQL at {at} denied {user} the lock table's sequence {t}_fence ({msg}): \
+             GRANT USAGE ON SEQUENCE {t}_fence TO {r}"
+        )
+    } else if msg.contains("for schema") {
+        format!(
+            "PostgreSQL at {at} denied {user} the schema of the lock table {t} ({msg}): \
+             GRANT USAGE ON SCHEMA {} TO {r}",
+            who.schema()
+        )
+    } else {
+        format!(
+            "PostgreSQL at {at} denied {user} access to the lock table {t} ({msg}): {}",
+            who.grants()
+        )
+    };
+    Some(BackendError::Refused(line))
+}
+
+/// The line for a CREATE of the missing lock table refused for want of privileges
+/// (`msg`, the server's words): who may create it, and what to grant.
+pub(super) fn create_denied(at: &str, who: Grantee<'_>, msg: &str) -> BackendError {
+    BackendError::Refused(format!(
+        "PostgreSQL at {at} does not let {} create the lock table {} ({}): create it once \
+         as a user who may (one lockrun run as that user does), then {}; or GRANT CREATE ON \
+         SCHEMA {} TO {}",
+        who.who(),
+        who.table,
+        msg.replace('\n', " "),
+        who.grants(),
+        who.schema(),
+        who.role()
+    ))
+}
+
+/// `name` as an SQL identifier: bare if PostgreSQL would read it back unchanged,
+/// else in double quotes (each `"` doubled).
+fn quote_ident(name: &str) -> String {
+    let bare = name
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    match bare {
+        true => name.to_owned(),
+        false => format!("\"{}\"", name.replace('"', "\"\"")),
+    }
+}
+
+#[cfg(test)]
+mod privilege_tests {
+    use super::*;
+
+    #[test]
+    fn roles_are_quoted_as_grant_needs_them() {
+        assert_eq!(quote_ident("lockrun_app"), "lockrun_app");
+        assert_eq!(quote_ident("App"), "\"App\"");
+        assert_eq!(quote_ident("a-b"), "\"a-b\"");
+        assert_eq!(quote_ident("x\"y"), "\"x\"\"y\"");
+        assert_eq!(quote_ident("1a"), "\"1a\"");
+    }
+
+    #[test]
+    fn a_refused_create_names_the_table_the_user_and_both_ways_out() {
+        let who = Grantee {
+            user: Some("App"),
+            table: "locks.leases",
+        };
+        let BackendError::Refused(line) =
+            create_denied("h:1", who, "permission denied for schema locks")
+        else {
+            panic!("not a refusal")
+        };
+        for want in [
+            "user \"App\"",
+            "create the lock table locks.leases",
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON locks.leases TO \"App\"",
+            "GRANT USAGE ON SEQUENCE locks.leases_fence TO \"App\"",
+            "GRANT CREATE ON SCHEMA locks TO \"App\"",
+        ] {
+            assert!(line.contains(want), "{line:?} lacks {want:?}");
+        }
+        let who = Grantee {
+            user: None,
+            table: "t",
+        };
+        let BackendError::Refused(line) = create_denied("h:1", who, "x") else {
+            panic!("not a refusal")
+        };
+        assert!(line.contains("GRANT CREATE ON SCHEMA public TO CURRENT_USER"));
+    }
+}

@@ -2,15 +2,16 @@
 //! per slot of a semaphore (`--slots N`).
 //!
 //! Table `T` (`--pg-table`, created with its sequence `T_fence` when missing) holds a row
-//! per lock key `PREFIX + NAME`: the holder's `token`, `fence`, `host`, `pid`, `since` and
+//! per lock key `PREFIX{NAME}` (`keys.rs`: injective, no two (prefix, name) pairs share
+//! one): the holder's `token`, `fence`, `host`, `pid`, `since` and
 //! `expires_at`. Release and `release --force` do not delete the row: they mark it free
 //! (empty token, expired), so that the row lock orders every acquisition of a name.
 //!
 //! **Semaphores** (`--slots N`, N > 1) use the same table, unchanged (no column added:
 //! an existing table keeps working, whoever owns it). Slot 0 is the plain lock's row
-//! `PREFIX + NAME` (so a plain lock, and an older lockrun, sees a semaphore's first
-//! holder as its holder), slot `i` the row `PREFIX + NAME#i`, and the limit row
-//! `PREFIX + NAME#slots` is live while any slot is (`slots.rs`: no name has a `#`).
+//! `PREFIX{NAME}` (so a plain lock sees a semaphore's first holder as its holder), slot
+//! `i` the row `PREFIX{NAME}#i`, and the limit row `PREFIX{NAME}#slots` is live while
+//! any slot is (`slots.rs`, `keys.rs`).
 //! Each slot is a lease of its own, renewed, expired and released as a plain lock's
 //! row. A semaphore's holder stores its token as `TOKEN/N`, which records N: a row
 //! without `/N` (a plain lock, any older lockrun) was taken with N = 1. The limit row
@@ -115,6 +116,7 @@
 //! (error lines), `tls.rs` (rustls for `sslmode`).
 
 mod errors;
+mod keys;
 mod requests;
 mod slots;
 mod sql;
@@ -349,13 +351,8 @@ impl PostgresBackend {
                 Ok(())
             }
             Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
-                Err(BackendError::Refused(format!(
-                    "PostgreSQL at {} does not let this user create the lock table {} \
-                     ({}): grant CREATE on its schema, or create it once as a user who may",
-                    self.display,
-                    self.target.table,
-                    e.as_db_error().map_or("", |d| d.message())
-                )))
+                let msg = e.as_db_error().map_or("", |d| d.message());
+                Err(errors::create_denied(&self.display, self.grantee(), msg))
             }
             Err(e) => Err(self.error(&e)),
         }
@@ -377,20 +374,30 @@ impl PostgresBackend {
     }
 
     fn key(&self, name: &str) -> String {
-        format!("{}{name}", self.key_prefix)
+        keys::lock_key(&self.key_prefix, name)
     }
 
     fn channel(&self, name: &str) -> String {
         channel(&self.target.table, &self.key(name))
     }
 
-    /// Translates a client error (see [`errors::describe`]); a pooler in statement
-    /// pooling mode is refused ([`statement_pooling`]).
+    /// Translates a client error (see [`errors::describe`]): a pooler in statement
+    /// pooling mode is refused ([`statement_pooling`]), and a privilege error names the
+    /// GRANT that fixes it ([`errors::privilege_error`]).
     fn error(&self, e: &tokio_postgres::Error) -> BackendError {
         if let Some(refusal) = statement_pooling(e, &self.display) {
             return refusal;
         }
-        errors::describe(e, &self.display, &self.target.table)
+        errors::privilege_error(e, &self.display, self.grantee())
+            .unwrap_or_else(|| errors::describe(e, &self.display, &self.target.table))
+    }
+
+    /// The user and the lock table, for privilege errors.
+    fn grantee(&self) -> errors::Grantee<'_> {
+        errors::Grantee {
+            user: self.target.config.get_user(),
+            table: &self.target.table,
+        }
     }
 
     /// How this waiter is woken.

@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
+use super::keys::legacy_key;
 use super::slots::{limit_key, name_lock_id, queue_key, slot_key, slot_keys, stored_token};
 use super::sql::{millis, OnToken};
 use super::{Missing, Params, PgConn, PostgresBackend, Wake, WAITER_ALIVE};
@@ -171,6 +172,7 @@ impl PostgresBackend {
         let ttl = millis(req.ttl)?;
         let (keys, token) = (self.keys(name), stored_token(&req.token, self.slots));
         let (limit, queue) = (limit_key(&key), queue_key(&key));
+        let legacy = legacy_key(&self.key_prefix, name);
         let alive = millis(WAITER_ALIVE)?;
         let (n, lock) = (
             i64::from(self.slots),
@@ -189,6 +191,7 @@ impl PostgresBackend {
                         (&queue, Type::TEXT),
                         (&self.waiter, Type::TEXT),
                         (&alive, Type::INT8),
+                        (&legacy, Type::TEXT),
                     ];
                     self.query(&self.sql.acquire, params, Missing::Create)
                         .await?

@@ -4,7 +4,7 @@
 //! I/O here. Part of [`super`]; the parts
 //! shared with a plain lock's statements are in `sql.rs`.
 //!
-//! Rows of name `KEY` (`PREFIX + NAME`), in the lock table:
+//! Rows of name `KEY` (`PREFIX{NAME}`, `keys.rs`), in the lock table:
 //! - `KEY`: slot 0, the plain lock's row, as ever;
 //! - `KEY#i`: slot `i`;
 //! - `KEY#slots`: the limit row, live while any slot is held, with the holders' N in
@@ -13,13 +13,13 @@
 //! - `KEY#queue`: the queue of the name's waiters, plain lock or semaphore
 //!   (`sql::queue`), never a holder.
 //!
-//! No name has a `#`, so none of these is another name's key.
+//! The suffixes follow the `}` that closes the name, so none of these is another
+//! (prefix, name) pair's key (`keys.rs`).
 
 use super::sql::{cleanup, fnv1a, holder, queue, requeue, take_expired, SLOTS_OF_TOKEN, UNKNOWN};
 
-/// The key of slot `slot` of the lock whose plain key is `key` (`PREFIX + NAME`): slot 0
-/// is that key itself, the row a plain lock has (and that an older lockrun reads);
-/// slot `i` is `KEY#i`.
+/// The key of slot `slot` of the lock whose plain key is `key` (`PREFIX{NAME}`): slot 0
+/// is that key itself, the row a plain lock has; slot `i` is `KEY#i`.
 pub(super) fn slot_key(key: &str, slot: u32) -> String {
     match slot {
         0 => key.to_owned(),

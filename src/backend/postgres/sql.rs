@@ -57,7 +57,8 @@ pub(super) struct Sql {
     pub(super) setup: String,
     /// A plain lock's: `$1` key, `$2` token, `$3` host, `$4` pid, `$5` lease, `$6` the
     /// name's limit key (`slots::limit_key`), `$7` its queue key (`slots::queue_key`),
-    /// `$8` the waiter's id (empty: not waiting), `$9` how long its place lasts (ms).
+    /// `$8` the waiter's id (empty: not waiting), `$9` how long its place lasts (ms),
+    /// `$10` the name's key in the layout before braces (`keys::legacy_key`).
     pub(super) acquire: String,
     /// A plain lock's: `$1` key, `$2` token, `$3` lease.
     pub(super) extend: String,
@@ -237,7 +238,8 @@ impl Sql {
 ///
 /// A live limit row of the name (`slots::limit_key`: holders of a semaphore, in any
 /// slot) takes nothing: it is the answer, with the semaphore's N, and the caller
-/// refuses.
+/// refuses. So does a live row of the name's key in the layout before braces
+/// (`keys::legacy_key`, `$10`): a holder of an older lockrun is busy, not ignored.
 ///
 /// The queue of waiters ([`queue`]) comes first: a free lock is taken only by a caller
 /// with no live waiter before it (`ahead`), and a waiter joins or stays in the queue
@@ -254,7 +256,7 @@ fn acquire(table: &str, seq: &str) -> String {
         "WITH {QUEUE}, \
          lim AS ( \
            SELECT * FROM {table} r \
-           WHERE r.name = $6 AND r.expires_at > now() AND r.token <> ''), \
+           WHERE r.name IN ($6, $10) AND r.expires_at > now() AND r.token <> ''), \
          taken AS ( \
            INSERT INTO {table} AS r (name, token, fence, host, pid, since, expires_at) \
            SELECT $1, $2, nextval('{seq}'), $3, $4, now(), \
@@ -481,7 +483,10 @@ mod tests {
     fn a_plain_acquisition_looks_at_its_row_and_the_names_limit_row_only() {
         let sql = Sql::new("t");
         let s = &sql.acquire;
-        assert!(s.contains("r.name = $6 AND r.expires_at > now()"), "{s}");
+        assert!(
+            s.contains("r.name IN ($6, $10) AND r.expires_at > now()"),
+            "{s}"
+        );
         assert!(s.contains("WHERE NOT EXISTS (SELECT 1 FROM lim)"), "{s}");
         for s in [&sql.acquire, &sql.extend, &sql.release] {
             assert!(!s.contains("ANY($1)") && !s.contains("[]"), "{s}");

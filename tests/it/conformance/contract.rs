@@ -1,8 +1,9 @@
 //! The contract on a healthy backend: the command runs with a token and its status is
 //! passed on; mutual exclusion under contention (SPEC 1) with increasing tokens (SPEC
 //! 5); busy, waiting and hand-off; a crashed holder's lock expires (SPEC 7); renewal;
-//! `--hold-at-least`; `status` and `release --force`; ownership (SPEC 4); no lease
-//! longer than a day (SPEC 8); failing closed (SPEC 6).
+//! `--hold-at-least`; `status` and `release --force`; ownership (SPEC 4); two
+//! (prefix, name) pairs are two locks; no lease longer than a day (SPEC 8); failing
+//! closed (SPEC 6).
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -241,7 +242,13 @@ pub(super) fn status_and_forced_release(start: Start) {
 
 /// `lockrun status --json NAME`: its exit code and the parsed object.
 fn status_of(b: &Backend, name: &str) -> (Option<i32>, serde_json::Value) {
-    let f = run(b.admin("status", &["--json", name]));
+    status_with(b, &[], name)
+}
+
+/// `lockrun status --json OPTS NAME`: its exit code and the parsed object.
+fn status_with(b: &Backend, opts: &[&str], name: &str) -> (Option<i32>, serde_json::Value) {
+    let args: Vec<&str> = opts.iter().copied().chain(["--json", name]).collect();
+    let f = run(b.admin("status", &args));
     let v = serde_json::from_str(f.stdout.trim()).unwrap_or_else(|e| {
         panic!(
             "status --json printed no JSON object ({e}): stdout {:?}, stderr {:?}",
@@ -275,6 +282,73 @@ pub(super) fn release_never_removes_another_owners_lock(start: Start) {
     );
     s2.touch("go");
     second.wait().assert_code(0);
+}
+
+/// `--key-prefix lockrun:teamA:` with `job`, and the default prefix `lockrun:` with
+/// `teamA:job`, spell the same `PREFIX + NAME`: they must still be two locks (SPEC
+/// `--key-prefix`: two different pairs never share a key). Both are held at once, each
+/// `status` shows its own holder only, and `release --force` of one leaves the other
+/// holding: its command keeps running through renewals and its status is unchanged.
+pub(super) fn two_prefix_and_name_pairs_that_spell_alike_are_two_locks(start: Start) {
+    let b = start();
+    const TEAM: [&str; 2] = ["--key-prefix", "lockrun:teamA:"];
+    let renew = ["--ttl", "30s", "--renew-every", "500ms"];
+    let (s1, s2) = (Scratch::new(), Scratch::new());
+    let opts: Vec<&str> = TEAM.iter().chain(&renew).copied().collect();
+    let (mut team, team_token) = holder(&b, "job", &s1, &opts);
+    // Held by the first one, yet the second one takes its lock at once.
+    let (mut plain, plain_token) = holder(&b, "teamA:job", &s2, &renew);
+    assert!(team.is_running(), "{:?}", team.try_finish());
+    for (opts, name, who, token) in [
+        (&TEAM[..], "job", &team, team_token),
+        (&[][..], "teamA:job", &plain, plain_token),
+    ] {
+        let (code, v) = status_with(&b, opts, name);
+        assert_eq!(code, Some(0), "status {opts:?} {name}: {v}");
+        assert_eq!(
+            v["pid"].as_u64(),
+            Some(who.pid() as u64),
+            "{opts:?} {name}: {v}"
+        );
+        assert_eq!(
+            v["fencing_token"].to_string().trim_matches('"'),
+            token.to_string()
+        );
+    }
+    let f = run(b.admin("release", &[TEAM[0], TEAM[1], "--force", "job"]));
+    f.assert_code(0);
+    assert!(
+        f.stderr.contains(&team.pid().to_string()) && !f.stderr.contains(&plain.pid().to_string()),
+        "release --force broke another holder than the one of its pair: {}",
+        f.stderr
+    );
+    // The broken holder finds out at its next renewal (every 500 ms); the other one
+    // renews as often and must go on for a while after that.
+    team.wait_for(Duration::from_secs(10)).assert_failure(124);
+    let since = Instant::now();
+    while since.elapsed() < Duration::from_millis(1500) {
+        assert!(
+            plain.is_running(),
+            "breaking the other pair's lock ended this one: {:?}",
+            plain.try_finish()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    let (code, v) = status_with(&b, &TEAM, "job");
+    assert_eq!((code, &v["held"]), (Some(1), &false.into()), "{v}");
+    let (code, v) = status_of(&b, "teamA:job");
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["pid"].as_u64(), Some(plain.pid() as u64), "{v}");
+    assert_eq!(
+        v["fencing_token"].to_string().trim_matches('"'),
+        plain_token.to_string()
+    );
+    s2.touch("go");
+    plain.wait().assert_code(0);
+    assert!(
+        !b.held("teamA:job"),
+        "the lock is held after its holder ended"
+    );
 }
 
 /// SPEC property 8, whatever the argument parser lets through: a lease longer than

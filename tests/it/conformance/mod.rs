@@ -7,7 +7,8 @@
 //! means nothing for it.
 //!
 //! - `contract`: running, exclusion, busy and waiting, hand-off, crashes, renewal,
-//!   `--hold-at-least`, fencing, `status` and `release --force`, ownership, no lease
+//!   `--hold-at-least`, fencing, `status` and `release --force`, ownership, two
+//!   (prefix, name) pairs spelling one `PREFIX + NAME` being two locks, no lease
 //!   longer than a day, failing closed;
 //! - `semaphore`: `--slots N` (SPEC 9): at most N inside on distinct slots with tokens
 //!   that increase, busy, `status` and `release --force` over every slot, another N
@@ -72,6 +73,10 @@ macro_rules! contract_tests {
         contract_test!($start, contract::fencing_tokens_increase);
         contract_test!($start, contract::status_and_forced_release);
         contract_test!($start, contract::release_never_removes_another_owners_lock);
+        contract_test!(
+            $start,
+            contract::two_prefix_and_name_pairs_that_spell_alike_are_two_locks
+        );
         contract_test!(
             $start,
             contract::a_lease_longer_than_a_day_is_refused_and_leaves_no_lock

@@ -301,7 +301,7 @@ pub struct StoredKey {
 
 /// The etcd key of lock `name` under the default prefix.
 pub fn etcd_key(name: &str) -> String {
-    format!("lockrun:{name}")
+    format!("lockrun:{{{name}}}")
 }
 
 /// The etcd key of slot `slot` of semaphore `name` under the default prefix (slot 0 is
@@ -309,7 +309,7 @@ pub fn etcd_key(name: &str) -> String {
 pub fn etcd_slot_key(name: &str, slot: u32) -> String {
     match slot {
         0 => etcd_key(name),
-        i => format!("lockrun:{name}#{i}"),
+        i => format!("lockrun:{{{name}}}#{i}"),
     }
 }
 

@@ -166,9 +166,9 @@ impl Table {
         (f.code, v)
     }
 
-    /// The stored row key of lock `name` (default key prefix).
+    /// The stored row key of lock `name` (default key prefix): `lockrun:{NAME}`.
     pub fn key(name: &str) -> String {
-        format!("lockrun:{name}")
+        format!("lockrun:{{{name}}}")
     }
 
     /// Runs `sql` with `$T` replaced by the table's name and `$K` by the quoted key of

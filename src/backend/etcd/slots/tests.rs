@@ -55,13 +55,13 @@ fn held(slots: &[(u32, &str)]) -> Held {
 #[test]
 fn slot_0_is_the_plain_locks_key_and_the_others_follow_a_hash() {
     let k = job();
-    assert_eq!(k.key(0), "lockrun:job");
-    assert_eq!(k.key(1), "lockrun:job#1");
-    assert_eq!(k.key(999), "lockrun:job#999");
-    assert_eq!(k.start(), b"lockrun:job");
-    assert_eq!(k.end(), b"lockrun:job$");
-    // Every slot key lies in [start, end); no key of another name does (names cannot
-    // hold '#' or '%', and every byte a name may hold sorts after '&').
+    assert_eq!(k.key(0), "lockrun:{job}");
+    assert_eq!(k.key(1), "lockrun:{job}#1");
+    assert_eq!(k.key(999), "lockrun:{job}#999");
+    assert_eq!(k.start(), b"lockrun:{job}");
+    assert_eq!(k.end(), b"lockrun:{job}$");
+    // Every slot key lies in [start, end); no key of another name does (the name is
+    // closed by '}', and every byte a name may hold sorts before it).
     for slot in [0, 1, 9, 10, 999, u32::MAX] {
         let key = k.key(slot).into_bytes();
         assert!(k.start() <= key.as_slice() && key < k.end(), "{slot}");
@@ -81,20 +81,20 @@ fn slot_0_is_the_plain_locks_key_and_the_others_follow_a_hash() {
 fn only_canonical_slot_keys_are_slots() {
     let k = job();
     for foreign in [
-        "lockrun:job#",
-        "lockrun:job#0",
-        "lockrun:job#01",
-        "lockrun:job#1x",
-        "lockrun:job#-1",
-        "lockrun:job#4294967296",
-        "lockrun:job!1",
-        "lockrun:job 1",
+        "lockrun:{job}#",
+        "lockrun:{job}#0",
+        "lockrun:{job}#01",
+        "lockrun:{job}#1x",
+        "lockrun:{job}#-1",
+        "lockrun:{job}#4294967296",
+        "lockrun:{job}!1",
+        "lockrun:{job} 1",
         "lockrun:jo",
     ] {
         assert_eq!(k.slot_of(foreign.as_bytes()), None, "{foreign}");
     }
     let mut stray = kv(0, PLAIN, 3);
-    stray.key = b"lockrun:job!x".to_vec();
+    stray.key = b"lockrun:{job}!x".to_vec();
     let read = k.read([kv(2, &of(3), 4), stray, waiter(9, 6), kv(0, &of(3), 5)]);
     assert_eq!(read.held.keys().copied().collect::<Vec<_>>(), [0, 2]);
     assert_eq!(read.queue, [waiter(9, 6)]);
@@ -103,13 +103,13 @@ fn only_canonical_slot_keys_are_slots() {
 #[test]
 fn waiter_keys_are_a_range_of_their_own_after_the_slots() {
     let k = job();
-    assert_eq!(k.waiter_key(0x2a), "lockrun:job%000000000000002a");
-    assert_eq!(k.read_end(), b"lockrun:job&");
+    assert_eq!(k.waiter_key(0x2a), "lockrun:{job}%000000000000002a");
+    assert_eq!(k.read_end(), b"lockrun:{job}&");
     let w = k.waiter_key(i64::MAX).into_bytes();
     assert!(k.end() <= w && w < k.read_end());
     assert_eq!(k.slot_of(&w), None);
     // A plain lock has no queue: its reads cover the slots alone.
-    assert_eq!(plain().read_end(), b"lockrun:job$");
+    assert_eq!(plain().read_end(), b"lockrun:{job}$");
     assert!(!plain().queued() && job().queued());
 }
 
@@ -180,31 +180,36 @@ fn the_first_try_puts_slot_0_only_if_no_key_of_the_name_exists() {
     assert_eq!(
         txn.compare,
         [
+            Compare::created_at("lockrun:{job}", 0),
+            Compare::none_in("lockrun:{job}#", "lockrun:{job}$"),
+            // An older lockrun's key of the plain lock.
             Compare::created_at("lockrun:job", 0),
-            Compare::none_in("lockrun:job#", "lockrun:job$"),
         ]
     );
-    assert_eq!(txn.success, [RequestOp::put("lockrun:job", "v", 42)]);
+    assert_eq!(txn.success, [RequestOp::put("lockrun:{job}", "v", 42)]);
     assert_eq!(
         txn.failure,
-        [RequestOp::range_of("lockrun:job", "lockrun:job$")]
+        [
+            RequestOp::range_of("lockrun:{job}", "lockrun:{job}$"),
+            RequestOp::range_of("lockrun:job", ""),
+        ]
     );
     // A semaphore's also needs nobody waiting, and queues us when it fails.
     let txn = first_try(&job(), "v", 42);
     assert_eq!(
         txn.compare,
         [
-            Compare::created_at("lockrun:job", 0),
-            Compare::none_in("lockrun:job#", "lockrun:job$"),
-            Compare::none_in("lockrun:job%", "lockrun:job&"),
+            Compare::created_at("lockrun:{job}", 0),
+            Compare::none_in("lockrun:{job}#", "lockrun:{job}$"),
+            Compare::none_in("lockrun:{job}%", "lockrun:{job}&"),
         ]
     );
-    assert_eq!(txn.success, [RequestOp::put("lockrun:job", "v", 42)]);
+    assert_eq!(txn.success, [RequestOp::put("lockrun:{job}", "v", 42)]);
     assert_eq!(
         txn.failure,
         [
-            RequestOp::range_of("lockrun:job", "lockrun:job&"),
-            RequestOp::put("lockrun:job%000000000000002a", "", 42),
+            RequestOp::range_of("lockrun:{job}", "lockrun:{job}&"),
+            RequestOp::put("lockrun:{job}%000000000000002a", "", 42),
         ]
     );
 }
@@ -217,10 +222,10 @@ fn taking_a_slot_checks_it_is_free_and_nothing_changed_since_the_read() {
     assert_eq!(
         txn.compare,
         [
-            Compare::created_at("lockrun:job#2", 0),
-            Compare::unchanged_in("lockrun:job", "lockrun:job$", 21),
-            Compare::modified_at("lockrun:job", 10),
-            Compare::modified_at("lockrun:job#1", 11),
+            Compare::created_at("lockrun:{job}#2", 0),
+            Compare::unchanged_in("lockrun:{job}", "lockrun:{job}$", 21),
+            Compare::modified_at("lockrun:{job}", 10),
+            Compare::modified_at("lockrun:{job}#1", 11),
         ]
     );
     let unchanged = &txn.compare[1];
@@ -231,13 +236,13 @@ fn taking_a_slot_checks_it_is_free_and_nothing_changed_since_the_read() {
     assert_eq!(
         txn.success,
         [
-            RequestOp::put("lockrun:job#2", "v", 42),
-            RequestOp::delete("lockrun:job%000000000000002a"),
+            RequestOp::put("lockrun:{job}#2", "v", 42),
+            RequestOp::delete("lockrun:{job}%000000000000002a"),
         ]
     );
     assert_eq!(
         txn.failure,
-        [RequestOp::range_of("lockrun:job", "lockrun:job&")]
+        [RequestOp::range_of("lockrun:{job}", "lockrun:{job}&")]
     );
     let Some(Request::Put(put)) = &txn.success[0].request else {
         panic!("no put in {txn:?}")
@@ -245,10 +250,14 @@ fn taking_a_slot_checks_it_is_free_and_nothing_changed_since_the_read() {
     assert_eq!(put.lease, 42);
     // A plain lock has no waiter key, and reads its slots alone.
     let txn = take(&plain(), &Held::new(), 20, 0, "v", 42);
-    assert_eq!(txn.success, [RequestOp::put("lockrun:job", "v", 42)]);
+    assert_eq!(txn.success, [RequestOp::put("lockrun:{job}", "v", 42)]);
+    assert_eq!(txn.compare[2], Compare::created_at("lockrun:job", 0));
     assert_eq!(
         txn.failure,
-        [RequestOp::range_of("lockrun:job", "lockrun:job$")]
+        [
+            RequestOp::range_of("lockrun:{job}", "lockrun:{job}$"),
+            RequestOp::range_of("lockrun:job", ""),
+        ]
     );
 }
 
@@ -260,8 +269,156 @@ fn a_take_never_has_more_compares_than_etcd_allows() {
     assert_eq!(choose(&read, 1000, 0), Choice::Take(999));
     let txn = take(&job(), &read, 5000, 999, "v", 1);
     assert_eq!(txn.compare.len(), MAX_TXN_COMPARES);
-    assert_eq!(txn.compare[0], Compare::created_at("lockrun:job#999", 0));
+    assert_eq!(txn.compare[0], Compare::created_at("lockrun:{job}#999", 0));
     // A small semaphore compares every held slot below the one taken.
     let read = held(&many[..126]);
     assert_eq!(take(&job(), &read, 5000, 126, "v", 1).compare.len(), 128);
+}
+
+/// Prefixes with the bytes the keys use as separators, and pairs that the layout
+/// before braces (`PREFIXNAME`) merged.
+const PREFIXES: [&str; 20] = [
+    "",
+    "lockrun:",
+    "lockrun:teamA:",
+    "lockrun:teamA",
+    "{",
+    "}",
+    "{}",
+    "a{",
+    "a}",
+    "a{b}",
+    "a{b}#",
+    "a{b}#1",
+    "a{b}%",
+    "#",
+    "%",
+    "$",
+    "p#1",
+    "}#1{",
+    "é{",
+    "lockrun:{job}#",
+];
+const NAMES: [&str; 10] = [
+    "job",
+    "teamA:job",
+    "A:job",
+    "b",
+    "1",
+    "slots",
+    "a",
+    "a:b",
+    "x/y",
+    ".",
+];
+
+/// Every key a lock of (prefix, name) may write: its slots (of a semaphore of 12)
+/// and a few waiters.
+fn all_keys(prefix: &str, name: &str) -> Vec<String> {
+    let k = SlotKeys::new(prefix, name, 12);
+    let waiters = [0, 1, 0x2a, i64::MAX].map(|id| k.waiter_key(id));
+    (0..12).map(|i| k.key(i)).chain(waiters).collect()
+}
+
+#[test]
+fn no_two_prefix_and_name_pairs_share_a_key() {
+    assert_eq!(
+        SlotKeys::new("lockrun:teamA:", "job", 1).key(0),
+        "lockrun:teamA:{job}"
+    );
+    assert_eq!(
+        SlotKeys::new("lockrun:", "teamA:job", 1).key(0),
+        "lockrun:{teamA:job}"
+    );
+    let mut seen = std::collections::HashMap::new();
+    for prefix in PREFIXES {
+        for name in NAMES {
+            assert!(crate::config::LockName::parse(name).is_ok(), "{name}");
+            for key in all_keys(prefix, name) {
+                if let Some(other) = seen.insert(key.clone(), (prefix, name)) {
+                    panic!("{key:?} is a key of {other:?} and of ({prefix:?}, {name:?})");
+                }
+            }
+        }
+    }
+    // Names hold no brace: nothing can close a name early.
+    for name in ["b}", "{b", "a}#1"] {
+        assert!(crate::config::LockName::parse(name).is_err(), "{name}");
+    }
+}
+
+#[test]
+fn a_lock_reads_no_key_of_another_lock_as_its_own() {
+    for prefix in PREFIXES {
+        for name in NAMES {
+            let k = SlotKeys::new(prefix, name, 12);
+            for other_prefix in PREFIXES {
+                for other_name in NAMES {
+                    if (prefix, name) == (other_prefix, other_name) {
+                        continue;
+                    }
+                    for key in all_keys(other_prefix, other_name) {
+                        let key = key.into_bytes();
+                        let what = format!("{key:?} of ({other_prefix:?}, {other_name:?})");
+                        assert_eq!(k.slot_of(&key), None, "{what} in ({prefix:?}, {name:?})");
+                        assert!(!k.is_waiter(&key), "{what} in ({prefix:?}, {name:?})");
+                        // Only a prefix with a '}' puts its keys in another lock's range.
+                        let inside = k.start() <= key.as_slice() && key < k.read_end();
+                        assert!(
+                            !inside || other_prefix.contains('}') || prefix.contains('}'),
+                            "{what} in the range of ({prefix:?}, {name:?})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // A key in the range that is another lock's (prefix "lockrun:{job}#") is no slot
+    // and no waiter of "job".
+    let foreign = SlotKeys::new("lockrun:{job}#", "1", 1).key(0);
+    assert_eq!(foreign, "lockrun:{job}#{1}");
+    let k = job();
+    assert!(k.start() <= foreign.as_bytes() && foreign.as_bytes() < k.end().as_slice());
+    let mut stray = kv(0, PLAIN, 3);
+    stray.key = foreign.into_bytes();
+    let mut odd_waiter = waiter(9, 4);
+    odd_waiter.key = b"lockrun:{job}%{000000000000002a}".to_vec();
+    let read = k.read([stray, odd_waiter, kv(1, &of(3), 5)]);
+    assert_eq!(read.held.keys().copied().collect::<Vec<_>>(), [1]);
+    assert!(read.queue.is_empty());
+}
+
+#[test]
+fn waiter_keys_are_exactly_sixteen_hex_digits() {
+    let k = job();
+    assert!(k.is_waiter(k.waiter_key(0x2a).as_bytes()));
+    assert!(k.is_waiter(k.waiter_key(i64::MAX).as_bytes()));
+    for odd in [
+        "lockrun:{job}%",
+        "lockrun:{job}%2a",
+        "lockrun:{job}%000000000000002A",
+        "lockrun:{job}%000000000000002a0",
+        "lockrun:{job}%00000000000000{x}",
+        "lockrun:{jo}%000000000000002a",
+    ] {
+        assert!(!k.is_waiter(odd.as_bytes()), "{odd}");
+    }
+}
+
+#[test]
+fn an_older_lockruns_key_is_a_holder_for_a_plain_lock_only() {
+    assert_eq!(plain().legacy(), Some("lockrun:job"));
+    assert_eq!(job().legacy(), None);
+    let mut old = kv(0, PLAIN, 3);
+    old.key = b"lockrun:job".to_vec();
+    let read = plain().read([old.clone()]);
+    assert_eq!(read.held.get(&0), Some(&old));
+    assert_eq!(choose(&read.held, 1, 0), Choice::Busy);
+    // A semaphore's reads never hold it (nor does its range).
+    assert!(job().read([old.clone()]).held.is_empty());
+    assert!(!(job().start() <= old.key.as_slice() && old.key < job().read_end()));
+    // Our own slot 0 wins when both are there.
+    let ours = kv(0, PLAIN, 5);
+    let read = plain().read([old, ours.clone()]);
+    assert_eq!(read.held.get(&0), Some(&ours));
 }
