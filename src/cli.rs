@@ -71,7 +71,8 @@ pub struct BackendArgs {
     #[arg(long, env = "LOCKRUN_PASSWORD_FILE", value_name = "PATH")]
     pub password_file: Option<PathBuf>,
 
-    /// Namespace of the backend keys.
+    /// Namespace of the backend keys (NAME's key is PREFIX{NAME} on Redis, PostgreSQL
+    /// and etcd); two different (prefix, name) pairs never share a key.
     #[arg(
         long,
         env = "LOCKRUN_KEY_PREFIX",

@@ -118,7 +118,12 @@ impl PgBouncer {
         );
         let ini = self.path("pgbouncer.ini");
         std::fs::write(&ini, config).expect("write pgbouncer.ini");
-        let mut cmd = Command::new("pgbouncer");
+        // Debian puts it in /usr/sbin, which a user's PATH may lack.
+        let program = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .unwrap_or("pgbouncer");
+        let mut cmd = Command::new(program);
         cmd.arg(&ini)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
