@@ -17,11 +17,27 @@ const PASSWORD: &str = "app-Pw-93fa";
 /// The README's lines for a least-privilege user (etcdctl run as root), `PASSWORD`
 /// being [`PASSWORD`].
 const ROLE_LINES: [&str; 4] = [
-    "role add lockrun",
-    "role grant-permission lockrun --prefix=true readwrite lockrun:",
+    "role add lockrun-role",
+    "role grant-permission lockrun-role --prefix=true readwrite lockrun:",
     "user add lockrun-app --new-user-password=PASSWORD",
-    "user grant-role lockrun-app lockrun",
+    "user grant-role lockrun-app lockrun-role",
 ];
+
+/// The README shows [`ROLE_LINES`] as they are (the password is asked for there).
+#[test]
+fn the_readme_shows_the_role_lines_this_test_uses() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("read README.md");
+    for line in ROLE_LINES {
+        let shown = format!("etcdctl {line}")
+            .replace(" --new-user-password=PASSWORD", "")
+            .replace("readwrite lockrun:", "readwrite 'lockrun:'");
+        assert!(
+            readme.contains(&shown),
+            "README does not show the line {shown:?}"
+        );
+    }
+}
 
 /// An etcd with authentication on and the user `lockrun-app` made by [`ROLE_LINES`].
 fn least_privilege_etcd() -> EtcdServer {

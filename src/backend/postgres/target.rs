@@ -31,7 +31,7 @@ use crate::config::{BackendConfig, ConfigError};
 /// The table line of PostgreSQL.
 pub const KIND: Kind = Kind {
     schemes: &["postgres", "postgresql"],
-    usage: "postgres://[user[:pass]@]host[:port][,host[:port]...]/db[?sslmode=...&sslrootcert=...&sslcert=...&sslkey=...&channel_binding=...] (or postgresql://)",
+    usage: "postgres://[user[:pass]@]host[:port][,...]/db[?param=value&...] (or postgresql://; sslmode, sslrootcert, sslcert, sslkey, channel_binding as in libpq)",
     parse: |url, ctx| Ok(Arc::new(parse(url, ctx)?)),
 };
 
