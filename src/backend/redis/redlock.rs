@@ -25,6 +25,23 @@
 //! there (a server that cannot give wake-ups is polled instead); the waiter then
 //! sleeps until the first wake-up or the first server's timer.
 //!
+//! Order of waiters: a release wakes, on each server, the longest-waiting waiter of
+//! that server's own queue, and each server then keeps the freed slot for the waiter it
+//! woke for [`super::WAKE_GRACE`] (anyone else asking is told busy there). This matters
+//! more here than on one server: an acquisition takes a round trip to every server and
+//! a majority, maybe a second round for a semaphore, and a woken waiter that reached
+//! only some servers before the release reached the others gives back what it got
+//! (which wakes the next waiter there): without the priority, a later waiter whose
+//! timer fired in that gap, or the one the give-back woke, took the slot. Why a grace
+//! and not strict first-come-first-served order in the script: each server keeps its
+//! own queue, and two waiters that joined at about the same time can be queued in
+//! different orders on different servers; with strict order each server could hold
+//! the slot for a different waiter, none gets a majority, and they give back and try
+//! again for ever (a livelock). With the grace, the priority lapses and the worst
+//! case is a delay of [`super::WAKE_GRACE`], after which whoever asks takes the slot,
+//! as before. The second round (a slot `wanted` on a server where the first round took
+//! another) is not held back: it passed the check in the first round.
+//!
 //! Fencing: each server answers with `max(its counter + 1, its clock in µs)`. The
 //! quorum's token is the largest answer of the majority that granted the lock, written
 //! back to a majority before it is handed out. Two majorities always share a server,
