@@ -566,3 +566,83 @@ fn free_slots_are_kept_for_as_many_woken_waiters() {
     acquired(&acquire(&redis, 2, "c1", "w1", ""));
     assert_eq!(queued(&redis), ["w3"]);
 }
+
+// Without this, a woken waiter whose Redlock acquisition reached a server before the
+// release had reached the others took the slot there, gave it back (no majority), and
+// so lost its place and woke the next waiter, who got the slot: the rarer failure of
+// `semaphore_waiters_are_served_in_order` left once woken waiters had priority.
+#[test]
+fn a_slot_given_back_goes_back_to_the_woken_waiter_that_took_it() {
+    let redis = RedisServer::start();
+    let wake = "lockrun:{job}:wake:";
+    let release = |token: &str, give_back: bool| {
+        let args = match give_back {
+            true => vec![token, "0", wake, "1", "6000"],
+            false => vec![token, "0", wake],
+        };
+        let done = eval(&redis, "release", &release_keys(1), &args);
+        assert_eq!(done, Ok(Value::Int(1)), "release of {token}");
+    };
+    acquired(&acquire(&redis, 1, "h", "", ""));
+    for w in ["A", "B"] {
+        busy_answer(&acquire(&redis, 1, "t", w, ""));
+    }
+    release("h", false);
+    let mark = wake_mark(&redis, "A").expect("A woken");
+    // A takes it: the slot records who took it and when it was woken.
+    acquired(&acquire(&redis, 1, "a", "A", ""));
+    assert_eq!(redis.hget(&lock_key("job"), "waiter").as_deref(), Some("A"));
+    assert_eq!(redis.hget(&lock_key("job"), "woken"), Some(mark.clone()));
+    assert_eq!(queued(&redis), ["B"]);
+    // Given back (no majority elsewhere): A is back first, alive, with its mark; B is
+    // not woken, and is still told busy; A takes it again.
+    release("a", true);
+    assert!(!redis.exists(&lock_key("job")));
+    assert_eq!(queued(&redis), ["A", "B"]);
+    assert_eq!(wake_mark(&redis, "A"), Some(mark.clone()));
+    assert_eq!(wake_mark(&redis, "B"), None);
+    let heartbeat: u64 = redis
+        .hget(&waiter_key("job", "alive"), "A")
+        .expect("A alive")
+        .parse()
+        .unwrap();
+    assert!(
+        heartbeat > server_ms(&redis),
+        "A's heartbeat {heartbeat} has ended"
+    );
+    busy_answer(&acquire(&redis, 1, "b", "B", ""));
+    acquired(&acquire(&redis, 1, "a", "A", ""));
+    // Its priority has ended when the slot is given back: A keeps its place, and the
+    // slot goes to the next waiter, woken for it (B).
+    let old = (server_ms(&redis) - 2001).to_string();
+    let () = redis.query(
+        redis::cmd("HSET")
+            .arg(lock_key("job"))
+            .arg("woken")
+            .arg(&old),
+    );
+    release("a", true);
+    assert_eq!(queued(&redis), ["A", "B"]);
+    assert!(wake_mark(&redis, "B").is_some(), "B not woken");
+    acquired(&acquire(&redis, 1, "b", "B", ""));
+    // A holder's own release (not a give-back) wakes the next waiter, as before: A's
+    // mark goes when it tries again, and it is woken.
+    busy_answer(&acquire(&redis, 1, "a", "A", ""));
+    assert_eq!(wake_mark(&redis, "A"), None);
+    release("b", false);
+    assert!(wake_mark(&redis, "A").is_some(), "A not woken");
+    assert_eq!(queued(&redis), ["A"]);
+    // And a holder that was no woken waiter gives back as any release: the next
+    // waiter is woken. (x asks for slot 0 as Redlock's second round does, which the
+    // priority of C, woken by A's release, does not hold back.)
+    acquired(&acquire(&redis, 1, "a", "A", ""));
+    busy_answer(&acquire(&redis, 1, "c", "C", ""));
+    release("a", false);
+    assert!(wake_mark(&redis, "C").is_some(), "C not woken");
+    acquired(&acquire(&redis, 1, "x", "", "0"));
+    assert_eq!(redis.hget(&lock_key("job"), "waiter"), None);
+    busy_answer(&acquire(&redis, 1, "d", "D", ""));
+    release("x", true);
+    assert_eq!(queued(&redis), ["C", "D"]);
+    assert!(wake_mark(&redis, "D").is_some(), "D not woken");
+}

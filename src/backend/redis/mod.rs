@@ -347,6 +347,16 @@ impl RedisBackend {
         let _ = self.stop_waiting(name).await;
     }
 
+    /// Gives back what an acquisition of `token` took here without a majority on the
+    /// quorum (Redlock): frees it like a release, except that a slot a woken waiter took
+    /// goes back to that waiter (the head of the queue, its wake mark as it was) rather
+    /// than waking the next one, while its priority lasts.
+    pub async fn give_back(&self, name: &str, token: &str) -> Result<(), BackendError> {
+        let wake_prefix = Keys::new(&self.key_prefix, name).wake_prefix;
+        let args = [token, "0", &wake_prefix, "1", &ms(WAITER_ALIVE)];
+        owned(self.eval(Script::Release, name, None, &args).await?)
+    }
+
     /// Extends the lease of `token` in slot `taken` (every slot looked in if unknown).
     pub async fn renew_slot(
         &self,

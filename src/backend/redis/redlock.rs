@@ -39,8 +39,14 @@
 //! the slot for a different waiter, none gets a majority, and they give back and try
 //! again for ever (a livelock). With the grace, the priority lapses and the worst
 //! case is a delay of [`super::WAKE_GRACE`], after which whoever asks takes the slot,
-//! as before. The second round (a slot `wanted` on a server where the first round took
-//! another) is not held back: it passed the check in the first round.
+//! as before. What an acquisition without a majority took is given back
+//! ([`RedisBackend::give_back`]): a woken waiter's slot goes back to it, with its place
+//! at the head of the queue and the wake mark it had (so its priority ends when it
+//! would have: no livelock), and the give-back wakes no one else meanwhile; before,
+//! the woken waiter lost its place and its give-back woke the next waiter, who then
+//! took the slot once the release had reached every server. The second round (a slot
+//! `wanted` on a server where the first round took another) is not held back: it
+//! passed the check in the first round.
 //!
 //! Fencing: each server answers with `max(its counter + 1, its clock in µs)`. The
 //! quorum's token is the largest answer of the majority that granted the lock, written
@@ -207,7 +213,7 @@ impl RedlockBackend {
             if *took == slot {
                 return before;
             }
-            n.release(name, &req.token, Release::Now).await?;
+            n.give_back(name, &req.token).await?;
             match free.get(slot as usize) {
                 Some(true) => n.acquire_slot(name, req, Some(slot)).await,
                 // Given back, and not asked again: still counted as a split vote.
@@ -229,9 +235,7 @@ impl RedlockBackend {
             .iter()
             .any(|a| matches!(a, Ok(AcquireReply::Acquired { .. })))
         {
-            let _ = self
-                .on_all(timeout, |n| n.release(name, token, Release::Now))
-                .await;
+            let _ = self.on_all(timeout, |n| n.give_back(name, token)).await;
         }
     }
 
@@ -255,7 +259,7 @@ impl RedlockBackend {
             return Ok(fence);
         }
         let _ = self
-            .on_all(timeout, |n| n.release(name, &req.token, Release::Now))
+            .on_all(timeout, |n| n.give_back(name, &req.token))
             .await;
         Err(self.no_quorum("recorded the fencing token", 0, &written))
     }

@@ -84,43 +84,49 @@ local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 -- A woken waiter has priority for the slot(s) freed for it. A release wakes the
 -- longest-waiting live waiter(s) not woken yet and marks each (`w:ID` in the alive
--- hash) with the server's time in ms; until that mark is WAKE_GRACE_MS old, a free
--- slot is kept for it: a caller that is not such a waiter (a waiter whose poll timer
--- fired in between, or a run without --wait) is told busy when the live waiters other
--- than itself with a recent mark are at least as many as the free slots, and waits
--- (queued, if it is a waiter) as it does behind a holder. A mark of '1' (written by an
--- older lockrun) or one from the future (a clock stepped back) gives no priority.
+-- hash) with the server's time in ms; until that mark is WAKE_GRACE_MS old (args.lua),
+-- a free slot is kept for it: a caller that is not such a waiter (a waiter whose poll
+-- timer fired in between, or a run without --wait) is told busy when the live waiters
+-- other than itself with a recent mark are at least as many as the free slots, and
+-- waits (queued, if it is a waiter) as it does behind a holder. A mark of '1' (written
+-- by an older lockrun) or one from the future (a clock stepped back) gives no
+-- priority.
 -- Why a grace, not strict first-come-first-served order here: under Redlock each
 -- server keeps its own queue, and two waiters that joined at once may be in different
 -- orders on different servers, so each server may keep the slot for another waiter
 -- and none of them gets a majority; strict order would then never end (a livelock),
 -- while with the grace the worst case is a delay of WAKE_GRACE_MS, after which the
--- slot goes to whoever asks, as before. 2 s is far longer than a woken waiter takes
--- to ask (a pub/sub message and one acquire, milliseconds, tens on a loaded machine),
--- and short enough that a woken waiter that died or froze costs others little: no
--- more than the 2 s poll they may be in anyway. A mark also goes when its waiter tries
--- again (acquired or busy), leaves the queue, or its heartbeat ends (only live waiters
--- count). Redlock's second round (a `wanted` slot) is not held back: it moves a slot
--- this caller took here a moment ago, in its first round, which this check let pass
--- (and its give-back of that slot may just have woken another waiter).
+-- slot goes to whoever asks, as before. (A Redlock give-back puts a woken waiter back
+-- with the mark it had, never a new one: see the release script.) 2 s is far longer
+-- than a woken waiter takes to ask (a pub/sub message and one acquire: milliseconds,
+-- tens on a loaded machine), and short enough that a woken waiter that died or froze
+-- costs the others little: no more than the 2 s poll they may be in anyway. A mark
+-- also goes when its waiter tries again (acquired or busy), leaves the queue, or its
+-- heartbeat ends (only live waiters count). Redlock's second round (a `wanted` slot)
+-- is not held back: it moves a slot this caller took here a moment ago, in its first
+-- round, which this check let pass.
 -- Reads only (HGET, ZRANGE, HMGET: in lockrun's ACL rule already), before the writes
--- of either path below, so their order and expiries are as before. The woken waiters are
--- at the front of the queue (a release wakes from the front), so its first N + 64
+-- of either path below, so their order and expiries are as before. The woken waiters
+-- are at the front of the queue (a release wakes from the front), so its first N + 64
 -- are looked at, whatever its length.
-local WAKE_GRACE_MS = 2000
 local now_ms = math.floor(now_us / 1000)
+-- How long the priority of a waiter woken at `mark` has left, or nil if none.
+local function priority_left(mark)
+  local at = tonumber(mark or '')
+  if at == nil then return nil end
+  local age = now_ms - at
+  if age >= 0 and age < WAKE_GRACE_MS then return WAKE_GRACE_MS - age end
+  return nil
+end
+-- The caller's own wake mark, when it is a waiter woken within the grace.
+local my_mark = nil
+if ARGV[5] ~= '' and free ~= nil then
+  local mark = redis.call('HGET', KEYS[3], 'w:' .. ARGV[5])
+  if priority_left(mark) then my_mark = mark end
+end
 local reserved_ms = nil
 if free ~= nil and want == nil then
-  -- How long the priority of a waiter woken at `mark` has left, or nil if none.
-  local function priority_left(mark)
-    local at = tonumber(mark or '')
-    if at == nil then return nil end
-    local age = now_ms - at
-    if age >= 0 and age < WAKE_GRACE_MS then return WAKE_GRACE_MS - age end
-    return nil
-  end
-  local mine = ARGV[5] ~= '' and priority_left(redis.call('HGET', KEYS[3], 'w:' .. ARGV[5]))
-  if not mine then
+  if not my_mark then
     local fields = {}
     for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, n + 63)) do
       if id ~= ARGV[5] then
@@ -194,18 +200,25 @@ end
 -- HSET nor the PEXPIRE with its checked argument can fail in between. Nor can an ACL
 -- that denies PEXPIRE make it fail there: the PEXPIRE of the key, which does not
 -- exist yet, changes nothing but fails first. A plain lock's hash has exactly the
--- fields it had before semaphores.
+-- fields it had before semaphores (taken by a woken waiter, two more: see below).
+-- A woken waiter that takes the slot records who it is and when it was woken (fields
+-- `waiter` and `woken`): should Redlock give the slot back at once (no majority), the
+-- release script puts it back at the head of the queue with that same mark, so that
+-- it keeps its priority (until the same grace ends: no livelock) and its give-back
+-- does not wake the next waiter for the slot.
 local key = KEYS[5 + free]
 redis.call('PEXPIRE', key, ARGV[2])
 redis.call('SET', KEYS[1], fs, 'PX', FENCE_KEEP_MS)
 local since = string.format('%.0f', math.floor(now_us / 1000))
-if n == 1 then
-  redis.call('HSET', key, 'token', ARGV[1], 'fence', fs, 'host', ARGV[3], 'pid', ARGV[4],
-    'since_ms', since)
-else
-  redis.call('HSET', key, 'token', ARGV[1], 'fence', fs, 'host', ARGV[3], 'pid', ARGV[4],
-    'since_ms', since, 'slot', free, 'slots', n)
+local fields = {'token', ARGV[1], 'fence', fs, 'host', ARGV[3], 'pid', ARGV[4],
+  'since_ms', since}
+if n > 1 then
+  for _, f in ipairs({'slot', free, 'slots', n}) do fields[#fields + 1] = f end
 end
+if my_mark then
+  for _, f in ipairs({'waiter', ARGV[5], 'woken', my_mark}) do fields[#fields + 1] = f end
+end
+redis.call('HSET', key, unpack(fields))
 redis.call('PEXPIRE', key, ARGV[2])
 if n > 1 then cover_limit(KEYS[4], n, ARGV[2]) end
 return answer({1, fs, free, table.concat(free_map)})
