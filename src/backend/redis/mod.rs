@@ -7,7 +7,11 @@
 //! Keys of lock `NAME` under prefix `P` all carry the `{NAME}` hash tag (see
 //! `scripts::Keys`): the lock hash with the lease as its PX expiry, the fencing
 //! counter, and the queue of `--wait`ers with their heartbeats; a release wakes only
-//! the longest-waiting live waiter, on its own pub/sub channel.
+//! the longest-waiting live waiter, on its own pub/sub channel, and keeps the slot for
+//! it for [`WAKE_GRACE`]: meanwhile anyone else who asks (a waiter whose poll timer
+//! fired, a run without `--wait`) is told busy, so the woken waiter, not a later one,
+//! gets the slot freed for it (`scripts/acquire.lua` says why a grace and not strict
+//! order: Redlock).
 //!
 //! Semaphores (`--slots N`): slot 0 is the plain lock's hash, slot `i` the hash
 //! `P{NAME}#i`, each with its own lease; every script that takes a slot is given all N
@@ -16,8 +20,9 @@
 //! meaning 1; and the limit key `P{NAME}:slots`, which holds the N of the live
 //! holders for as long as their longest lease, so that an acquirer with a smaller N,
 //! which does not see the higher slots, is refused too). One fencing counter serves
-//! every slot. A freed slot wakes one waiter; a woken waiter is marked until it tries
-//! again, so two slots freed at once wake two waiters. Renewal goes to the slot taken
+//! every slot. A freed slot wakes one waiter; a woken waiter is marked (with the time)
+//! until it tries again, so two slots freed at once wake two waiters, and as many free
+//! slots as there are recently woken waiters are kept for them. Renewal goes to the slot taken
 //! (remembered from the acquire); a release looks in every slot, so it also works for
 //! a token whose acquire answer was lost. With N = 1 the keys, fields and round trips
 //! are those of the plain lock before semaphores.
@@ -93,7 +98,7 @@ use crate::log::{emit, Event, Level};
 use conn::{RedisConn, RedisSlot, Subscriber, SubscriberSlot};
 use replies::{AcquireReply, Checked, Done, HoldersReply};
 use scripts::{Keys, Script};
-pub use scripts::{FENCE_KEEP, MAX_LEASE};
+pub use scripts::{FENCE_KEEP, MAX_LEASE, WAKE_GRACE};
 pub use target::{RedisTarget, KIND};
 
 /// The Lua source lockrun sends for its script `name` (`acquire`, `renew`, `release`,
@@ -340,6 +345,16 @@ impl RedisBackend {
         );
         emit(Level::Info, Event::Waiting, &msg, &[]);
         let _ = self.stop_waiting(name).await;
+    }
+
+    /// Gives back what an acquisition of `token` took here without a majority on the
+    /// quorum (Redlock): frees it like a release, except that a slot a woken waiter took
+    /// goes back to that waiter (the head of the queue, its wake mark as it was) rather
+    /// than waking the next one, while its priority lasts.
+    pub async fn give_back(&self, name: &str, token: &str) -> Result<(), BackendError> {
+        let wake_prefix = Keys::new(&self.key_prefix, name).wake_prefix;
+        let args = [token, "0", &wake_prefix, "1", &ms(WAITER_ALIVE)];
+        owned(self.eval(Script::Release, name, None, &args).await?)
     }
 
     /// Extends the lease of `token` in slot `taken` (every slot looked in if unknown).

@@ -25,6 +25,29 @@
 //! there (a server that cannot give wake-ups is polled instead); the waiter then
 //! sleeps until the first wake-up or the first server's timer.
 //!
+//! Order of waiters: a release wakes, on each server, the longest-waiting waiter of
+//! that server's own queue, and each server then keeps the freed slot for the waiter it
+//! woke for [`super::WAKE_GRACE`] (anyone else asking is told busy there). This matters
+//! more here than on one server: an acquisition takes a round trip to every server and
+//! a majority, maybe a second round for a semaphore, and a woken waiter that reached
+//! only some servers before the release reached the others gives back what it got
+//! (which wakes the next waiter there): without the priority, a later waiter whose
+//! timer fired in that gap, or the one the give-back woke, took the slot. Why a grace
+//! and not strict first-come-first-served order in the script: each server keeps its
+//! own queue, and two waiters that joined at about the same time can be queued in
+//! different orders on different servers; with strict order each server could hold
+//! the slot for a different waiter, none gets a majority, and they give back and try
+//! again for ever (a livelock). With the grace, the priority lapses and the worst
+//! case is a delay of [`super::WAKE_GRACE`], after which whoever asks takes the slot,
+//! as before. What an acquisition without a majority took is given back
+//! ([`RedisBackend::give_back`]): a woken waiter's slot goes back to it, with its place
+//! at the head of the queue and the wake mark it had (so its priority ends when it
+//! would have: no livelock), and the give-back wakes no one else meanwhile; before,
+//! the woken waiter lost its place and its give-back woke the next waiter, who then
+//! took the slot once the release had reached every server. The second round (a slot
+//! `wanted` on a server where the first round took another) is not held back: it
+//! passed the check in the first round.
+//!
 //! Fencing: each server answers with `max(its counter + 1, its clock in µs)`. The
 //! quorum's token is the largest answer of the majority that granted the lock, written
 //! back to a majority before it is handed out. Two majorities always share a server,
@@ -190,7 +213,7 @@ impl RedlockBackend {
             if *took == slot {
                 return before;
             }
-            n.release(name, &req.token, Release::Now).await?;
+            n.give_back(name, &req.token).await?;
             match free.get(slot as usize) {
                 Some(true) => n.acquire_slot(name, req, Some(slot)).await,
                 // Given back, and not asked again: still counted as a split vote.
@@ -212,9 +235,7 @@ impl RedlockBackend {
             .iter()
             .any(|a| matches!(a, Ok(AcquireReply::Acquired { .. })))
         {
-            let _ = self
-                .on_all(timeout, |n| n.release(name, token, Release::Now))
-                .await;
+            let _ = self.on_all(timeout, |n| n.give_back(name, token)).await;
         }
     }
 
@@ -238,7 +259,7 @@ impl RedlockBackend {
             return Ok(fence);
         }
         let _ = self
-            .on_all(timeout, |n| n.release(name, &req.token, Release::Now))
+            .on_all(timeout, |n| n.give_back(name, &req.token))
             .await;
         Err(self.no_quorum("recorded the fencing token", 0, &written))
     }

@@ -322,6 +322,33 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_kept_for_a_woken_waiter_is_busy_with_an_unknown_holder() {
+        // The acquire script's answer when the free slot is kept for a woken waiter and
+        // no slot is held: no holder to name, ask again when its priority lapses.
+        let kept = Value::Array(vec![
+            Value::Int(0),
+            bulk(""),
+            bulk("0"),
+            bulk("0"),
+            bulk("0"),
+            Value::Int(1500),
+            Value::Int(0),
+            Value::Int(1),
+        ]);
+        let Ok(AcquireReply::Busy(h)) = parse::<AcquireReply>(Script::Acquire, kept) else {
+            panic!()
+        };
+        assert_eq!(
+            h,
+            Holder {
+                ttl_left: Duration::from_millis(1500),
+                slots: 1,
+                ..Holder::default()
+            }
+        );
+    }
+
+    #[test]
     fn a_conflict_names_the_holders_n() {
         for theirs in [Value::Int(3), bulk("3")] {
             let v = Value::Array(vec![Value::Int(2), theirs]);

@@ -33,6 +33,13 @@ pub use crate::backend::MAX_LEASE;
 /// lock's counter outlives the lock.
 pub const FENCE_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// How long a woken waiter has priority for a free slot (`WAKE_GRACE_MS` in
+/// `scripts/args.lua`; `scripts/acquire.lua` says why; a unit test keeps the two equal): longer than
+/// a woken waiter takes to ask on a loaded machine, short enough that one that died or
+/// froze holds the others back little, and the bound on the delay when Redlock's
+/// servers keep the slot for different waiters.
+pub const WAKE_GRACE: Duration = Duration::from_secs(2);
+
 /// One of the backend's scripts. Each runs atomically on the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Script {
@@ -356,5 +363,6 @@ mod tests {
         let ms = |d: Duration| d.as_millis().to_string();
         assert!(args.contains(&format!("local MAX_MS = {}\n", ms(MAX_LEASE))));
         assert!(args.contains(&format!("local FENCE_KEEP_MS = {}\n", ms(FENCE_KEEP))));
+        assert!(args.contains(&format!("local WAKE_GRACE_MS = {}\n", ms(WAKE_GRACE))));
     }
 }

@@ -5,7 +5,10 @@
 --   allow_eviction ('1': --allow-eviction; '' or none: check the server's policy).
 -- Returns {1, fence, slot, free} when acquired (free: one character per slot, '1' where
 -- it was free); {0, host, pid, since_ms, fence, pttl, slot, slots} when busy (the holder
--- of the wanted slot, or the one whose lease ends first); {2, theirs} when a live holder
+-- of the wanted slot, or the one whose lease ends first; when the free slots are kept
+-- for woken waiters, see WAKE_GRACE_MS, that holder with a pttl of at most the time
+-- until the first of their priorities lapses, or, no slot being held, an unknown holder
+-- ('', '0', '0', '0') of the first free slot with that time); {2, theirs} when a live holder
 -- was taken with another --slots (theirs), and {3, policy, maxmemory} when the server
 -- may evict the lock: nothing was written then. When the eviction check could not be
 -- made, the acquired or busy answer comes as {4, why, answer}.
@@ -79,7 +82,77 @@ end
 if n > 1 and longest > 0 then cover_limit(KEYS[4], n, longest) end
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-if free == nil then
+-- A woken waiter has priority for the slot(s) freed for it. A release wakes the
+-- longest-waiting live waiter(s) not woken yet and marks each (`w:ID` in the alive
+-- hash) with the server's time in ms; until that mark is WAKE_GRACE_MS old (args.lua),
+-- a free slot is kept for it: a caller that is not such a waiter (a waiter whose poll
+-- timer fired in between, or a run without --wait) is told busy when the live waiters
+-- other than itself with a recent mark are at least as many as the free slots, and
+-- waits (queued, if it is a waiter) as it does behind a holder. A mark of '1' (written
+-- by an older lockrun) or one from the future (a clock stepped back) gives no
+-- priority.
+-- Why a grace, not strict first-come-first-served order here: under Redlock each
+-- server keeps its own queue, and two waiters that joined at once may be in different
+-- orders on different servers, so each server may keep the slot for another waiter
+-- and none of them gets a majority; strict order would then never end (a livelock),
+-- while with the grace the worst case is a delay of WAKE_GRACE_MS, after which the
+-- slot goes to whoever asks, as before. (A Redlock give-back puts a woken waiter back
+-- with the mark it had, never a new one: see the release script.) 2 s is far longer
+-- than a woken waiter takes to ask (a pub/sub message and one acquire: milliseconds,
+-- tens on a loaded machine), and short enough that a woken waiter that died or froze
+-- costs the others little: no more than the 2 s poll they may be in anyway. A mark
+-- also goes when its waiter tries again (acquired or busy), leaves the queue, or its
+-- heartbeat ends (only live waiters count). Redlock's second round (a `wanted` slot)
+-- is not held back: it moves a slot this caller took here a moment ago, in its first
+-- round, which this check let pass.
+-- Reads only (HGET, ZRANGE, HMGET: in lockrun's ACL rule already), before the writes
+-- of either path below, so their order and expiries are as before. The woken waiters
+-- are at the front of the queue (a release wakes from the front), so its first N + 64
+-- are looked at, whatever its length.
+local now_ms = math.floor(now_us / 1000)
+-- How long the priority of a waiter woken at `mark` has left, or nil if none.
+local function priority_left(mark)
+  local at = tonumber(mark or '')
+  if at == nil then return nil end
+  local age = now_ms - at
+  if age >= 0 and age < WAKE_GRACE_MS then return WAKE_GRACE_MS - age end
+  return nil
+end
+-- The caller's own wake mark, when it is a waiter woken within the grace.
+local my_mark = nil
+if ARGV[5] ~= '' and free ~= nil then
+  local mark = redis.call('HGET', KEYS[3], 'w:' .. ARGV[5])
+  if priority_left(mark) then my_mark = mark end
+end
+local reserved_ms = nil
+if free ~= nil and want == nil then
+  if not my_mark then
+    local fields = {}
+    for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, n + 63)) do
+      if id ~= ARGV[5] then
+        fields[#fields + 1] = id
+        fields[#fields + 1] = 'w:' .. id
+      end
+    end
+    if #fields > 0 then
+      local v = redis.call('HMGET', KEYS[3], unpack(fields))
+      local kept, soonest = 0, nil
+      for j = 1, #fields, 2 do
+        local left = priority_left(v[j + 1])
+        if left and (tonumber(v[j] or '0') or 0) >= now_ms then
+          kept = kept + 1
+          if soonest == nil or left < soonest then soonest = left end
+        end
+      end
+      local free_count = 0
+      for _, f in ipairs(free_map) do
+        if f == '1' then free_count = free_count + 1 end
+      end
+      if kept >= free_count then reserved_ms = soonest end
+    end
+  end
+end
+if free == nil or reserved_ms then
   if ARGV[5] ~= '' then
     -- Join (or stay in) the queue of waiters, and say this waiter is alive (and not
     -- woken: a wake-up goes to it again). Each key gets its expiry right after its
@@ -99,6 +172,13 @@ if free == nil then
     if (want == nil or want == l[1]) and (pttl == nil or l[2] < pttl) then
       slot, pttl = l[1], l[2]
     end
+  end
+  if reserved_ms then
+    -- Kept for a woken waiter: ask again when its priority lapses, if not woken before.
+    if slot == nil then
+      return answer({0, '', '0', '0', '0', reserved_ms, free, n})
+    end
+    if reserved_ms < pttl then pttl = reserved_ms end
   end
   local h = redis.call('HMGET', KEYS[5 + slot], 'host', 'pid', 'since_ms', 'fence')
   return answer({0, h[1] or '', h[2] or '0', h[3] or '0', h[4] or '0', pttl, slot, n})
@@ -120,18 +200,25 @@ end
 -- HSET nor the PEXPIRE with its checked argument can fail in between. Nor can an ACL
 -- that denies PEXPIRE make it fail there: the PEXPIRE of the key, which does not
 -- exist yet, changes nothing but fails first. A plain lock's hash has exactly the
--- fields it had before semaphores.
+-- fields it had before semaphores (taken by a woken waiter, two more: see below).
+-- A woken waiter that takes the slot records who it is and when it was woken (fields
+-- `waiter` and `woken`): should Redlock give the slot back at once (no majority), the
+-- release script puts it back at the head of the queue with that same mark, so that
+-- it keeps its priority (until the same grace ends: no livelock) and its give-back
+-- does not wake the next waiter for the slot.
 local key = KEYS[5 + free]
 redis.call('PEXPIRE', key, ARGV[2])
 redis.call('SET', KEYS[1], fs, 'PX', FENCE_KEEP_MS)
 local since = string.format('%.0f', math.floor(now_us / 1000))
-if n == 1 then
-  redis.call('HSET', key, 'token', ARGV[1], 'fence', fs, 'host', ARGV[3], 'pid', ARGV[4],
-    'since_ms', since)
-else
-  redis.call('HSET', key, 'token', ARGV[1], 'fence', fs, 'host', ARGV[3], 'pid', ARGV[4],
-    'since_ms', since, 'slot', free, 'slots', n)
+local fields = {'token', ARGV[1], 'fence', fs, 'host', ARGV[3], 'pid', ARGV[4],
+  'since_ms', since}
+if n > 1 then
+  for _, f in ipairs({'slot', free, 'slots', n}) do fields[#fields + 1] = f end
 end
+if my_mark then
+  for _, f in ipairs({'waiter', ARGV[5], 'woken', my_mark}) do fields[#fields + 1] = f end
+end
+redis.call('HSET', key, unpack(fields))
 redis.call('PEXPIRE', key, ARGV[2])
 if n > 1 then cover_limit(KEYS[4], n, ARGV[2]) end
 return answer({1, fs, free, table.concat(free_map)})

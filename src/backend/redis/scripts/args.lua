@@ -7,6 +7,8 @@ local MAX_MS = 86400000
 -- How long a fencing counter outlives its last write: see the `FENCE_KEEP` comment in
 -- scripts.rs for why tokens still only increase once it is gone.
 local FENCE_KEEP_MS = 604800000
+-- How long a woken waiter has priority for a free slot: see the acquire script.
+local WAKE_GRACE_MS = 2000
 
 -- Nil if `value` is a whole number of milliseconds from `min` to MAX_MS; otherwise
 -- the error line. Strict digits: tonumber() would take '1e3', '0x10' or ' 5'.

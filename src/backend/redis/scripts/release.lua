@@ -1,19 +1,54 @@
 -- KEYS: queue, alive, limit, then the N slot keys. ARGV: token, keep_ms, wake channel
--- prefix. Returns 1 if released (or shortened to keep_ms), 0 if not ours.
+-- prefix, give_back ('1': Redlock gives back what an acquisition without a majority
+-- took; '' or none: a holder's release), alive_ms (with give_back: the waiter's
+-- heartbeat). Returns 1 if released (or shortened to keep_ms), 0 if not ours.
 -- The token is looked for in every slot, so a release works for an acquire whose
 -- answer was lost (and frees every slot it holds, should a Redlock round have left it
 -- two). Each slot freed wakes one waiter; the last holder of a semaphore to go takes
 -- the limit key with it.
+-- A slot given back that a woken waiter took (its `waiter` and `woken` fields, see the
+-- acquire script) puts that waiter back at the head of the queue, alive, with the wake
+-- mark it had, so the slot stays kept for it until the same grace ends, and wakes no
+-- one else while that grace lasts (after it, the next waiter, as for any release).
 local bad = bad_ms('keep_ms', ARGV[2], 0)
 if bad then return redis.error_reply(bad) end
+local give_back = ARGV[4] == '1'
+if give_back then
+  bad = bad_ms('alive_ms', ARGV[5], 1)
+  if bad then return redis.error_reply(bad) end
+end
+-- Puts waiter `id`, woken at `mark`, back at the head of the queue; true if its
+-- priority lasts (the mark is younger than WAKE_GRACE_MS). As in the acquire
+-- script, each key gets its expiry before and right after its write (the queue and
+-- the alive hash may be gone: the waiter was the last one), and the first PEXPIRE
+-- fails for a user denied it before anything is written.
+local function requeue(id, mark)
+  local t = redis.call('TIME')
+  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local score = now_us
+  local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if head[2] and tonumber(head[2]) - 1 < score then score = tonumber(head[2]) - 1 end
+  redis.call('PEXPIRE', KEYS[1], ARGV[5] * 2)
+  redis.call('ZADD', KEYS[1], 'NX', string.format('%.0f', score), id)
+  redis.call('PEXPIRE', KEYS[1], ARGV[5] * 2)
+  redis.call('HSET', KEYS[2], id, string.format('%.0f', math.floor(now_us / 1000) + tonumber(ARGV[5])),
+    'w:' .. id, mark)
+  redis.call('PEXPIRE', KEYS[2], ARGV[5] * 2)
+  local age = math.floor(now_us / 1000) - (tonumber(mark) or 0)
+  return age >= 0 and age < WAKE_GRACE_MS
+end
 local found, n = false, nil
 for i = 4, #KEYS do
-  local h = redis.call('HMGET', KEYS[i], 'token', 'slots')
+  local h = redis.call('HMGET', KEYS[i], 'token', 'slots', 'waiter', 'woken')
   if h[1] == ARGV[1] then
     found, n = true, tonumber(h[2] or '1')
     if tonumber(ARGV[2]) > 0 then
       redis.call('PEXPIRE', KEYS[i], ARGV[2])
       if n and n > 1 then cover_limit(KEYS[3], h[2], ARGV[2]) end
+    elseif give_back and h[3] and h[4] then
+      local kept = requeue(h[3], h[4])
+      redis.call('DEL', KEYS[i])
+      if not kept then wake(KEYS[1], KEYS[2], ARGV[3], 1) end
     else
       redis.call('DEL', KEYS[i])
       wake(KEYS[1], KEYS[2], ARGV[3], 1)

@@ -1,8 +1,10 @@
 -- Prepended to the scripts that free a slot: wake the `count` longest-waiting live
 -- waiters not woken yet, and only them (no thundering herd: one per slot freed). A
 -- woken waiter is marked (`w:ID` in the alive hash) until it tries again, so that a
--- second slot freed meanwhile wakes the next one, not the same one again. Waiters
--- whose heartbeat ran out are dropped.
+-- second slot freed meanwhile wakes the next one, not the same one again; the mark is
+-- the server's time in ms, from which the acquire script gives the woken waiter
+-- priority for a free slot for a short grace (an older lockrun wrote '1': no priority).
+-- Waiters whose heartbeat ran out are dropped.
 local function wake(queue, alive, prefix, count)
   local t = redis.call('TIME')
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -16,7 +18,7 @@ local function wake(queue, alive, prefix, count)
       if dropped >= 16 then return end
     elseif redis.call('HEXISTS', alive, 'w:' .. id) == 0 then
       redis.call('PUBLISH', prefix .. id, 'released')
-      redis.call('HSET', alive, 'w:' .. id, '1')
+      redis.call('HSET', alive, 'w:' .. id, string.format('%.0f', now_ms))
       count = count - 1
       if count == 0 then return end
     end
