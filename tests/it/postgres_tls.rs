@@ -386,11 +386,11 @@ fn a_lock_is_taken_held_and_released_through_verify_full_with_a_client_certifica
     let (mut holder, token) = hold(cmd, &scratch);
     assert!(t.held("job"), "the lock is not held while the command runs");
     // The server's view of lockrun's session: encrypted, with certuser's certificate.
-    let session = t.db.value(&format!(
+    let session = t.db.value(
         "SELECT s.ssl::text || ' ' || coalesce(s.client_dn, '-') FROM pg_stat_activity a \
          JOIN pg_stat_ssl s USING (pid) WHERE a.usename = 'certuser' \
-         AND a.application_name = 'lockrun'"
-    ));
+         AND a.application_name = 'lockrun'",
+    );
     assert_eq!(session.as_deref(), Some("true /CN=certuser"));
     // A second lockrun through the same URL finds it held.
     let mut busy = lockrun_run(&url, "job", &["--pg-table", &t.name], &["true"]);
