@@ -107,8 +107,11 @@ fn first_come_first_served(
     let start_of: std::collections::HashMap<u64, Duration> =
         spans.iter().map(|s| (s.token, s.start)).collect();
     // A fair share of waiting: every other worker's section once, with a hand-off each
-    // (generous: a poll, a process start, a release on a loaded two-core machine).
-    let share = (hold + Duration::from_millis(750)) * workers as u32 + Duration::from_secs(2);
+    // (generous: a poll, a process start, a release on a loaded two-core machine, where
+    // the whole suite runs side by side). The order check below (no more sections
+    // started ahead of a run than there are workers) is the strict one; this bound
+    // catches a waiter left behind for good (the old behaviour: 10 s and out).
+    let share = (hold + Duration::from_secs(2)) * workers as u32 + Duration::from_secs(5);
     let mut report = Vec::new();
     let mut unfair = Vec::new();
     for r in &all {
@@ -167,7 +170,10 @@ fn pg_suffix() -> String {
     format!("{:x}", wall().as_nanos() ^ u128::from(std::process::id()))
 }
 
-/// Says the hand-off latency of `what` (for the report) and checks it is prompt.
+/// Says the hand-off latency of `what` (for the report) and checks that hand-offs come
+/// from a notification or a poll, not from waiting out a lease (10 s) or a lapsed place
+/// in the queue (6 s). Not a performance bound: 3 s is far above a poll on a loaded
+/// machine and far below either of those.
 fn assert_prompt_hand_off(what: &str, mut gaps: Vec<Duration>) {
     let (p50, p95) = (percentile(&mut gaps, 50), percentile(&mut gaps, 95));
     eprintln!(
@@ -175,7 +181,7 @@ fn assert_prompt_hand_off(what: &str, mut gaps: Vec<Duration>) {
         gaps.len()
     );
     assert!(
-        p95 < Duration::from_secs(1),
+        p95 < Duration::from_secs(3),
         "{what}: hand-off p95 {p95:?}, p50 {p50:?}"
     );
 }
