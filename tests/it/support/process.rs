@@ -4,12 +4,13 @@
 
 use std::fs::{self, File};
 use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{kill, killpg, Signal};
+use nix::sys::signal::{kill, killpg, signal, SigHandler, Signal};
 use nix::unistd::Pid;
 
 use super::{serial, wait_line, wait_pid, Scratch, POLL, WAIT};
@@ -253,10 +254,36 @@ pub struct Running {
     finished: Option<Finished>,
 }
 
+/// The signals lockrun forwards. A process the tests spawn starts with each of them at
+/// its default disposition whatever the suite inherited: run under `nohup` (SIGHUP
+/// ignored) or as a background job of a script (SIGINT and SIGQUIT ignored), lockrun
+/// would rightly leave them ignored and the forwarding tests would wait in vain. A test
+/// that wants one ignored sets it itself (`supervisor::ignored`).
+const FORWARDED: [Signal; 6] = [
+    Signal::SIGHUP,
+    Signal::SIGINT,
+    Signal::SIGQUIT,
+    Signal::SIGTERM,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
+
 /// Spawns `cmd` with stdout and stderr captured in temporary files (not pipes: a leftover
-/// grandchild holding a pipe open must not hang the test).
+/// grandchild holding a pipe open must not hang the test), and the forwarded signals at
+/// their default disposition ([`FORWARDED`]).
+#[allow(unsafe_code)]
 pub fn spawn(mut cmd: Command) -> Running {
     serial::side_by_side();
+    // SAFETY: between fork and exec only sigaction(2) is called, which is
+    // async-signal-safe; nothing is allocated or locked.
+    unsafe {
+        cmd.pre_exec(|| {
+            for sig in FORWARDED {
+                signal(sig, SigHandler::SigDfl).map_err(std::io::Error::from)?;
+            }
+            Ok(())
+        });
+    }
     let out = tempfile::tempfile().expect("temp file");
     let err = tempfile::tempfile().expect("temp file");
     cmd.stdout(out.try_clone().unwrap());
