@@ -243,6 +243,33 @@ impl Finished {
     pub fn assert_failure(&self, code: i32) -> &Self {
         self.assert_code(code).assert_explained()
     }
+
+    /// Asserts a refused set-up: exit 125 and one line on stderr, given within `within`
+    /// (a refusal is told at once, not after retries), holding each of `says` and none
+    /// of `never` (passwords, key material). `what` names the case in a failure.
+    pub fn assert_refused_in_one_line(
+        &self,
+        what: &str,
+        within: Duration,
+        says: &[&str],
+        never: &[&str],
+    ) -> &Self {
+        self.assert_failure(125);
+        let err = &self.stderr;
+        assert_eq!(err.lines().count(), 1, "{what}: one line:\n{err}");
+        assert!(
+            self.elapsed < within,
+            "{what}: took {:?}:\n{err}",
+            self.elapsed
+        );
+        for said in says {
+            assert!(err.contains(said), "{what}: {said:?} in:\n{err}");
+        }
+        for never in never {
+            assert!(!err.contains(never), "{what}: {never:?} in:\n{err}");
+        }
+        self
+    }
 }
 
 /// A running lockrun (or other) process; SIGKILLed and reaped on drop if still running.
