@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use lockrun::supervisor::FORWARDED;
 use nix::sys::signal::{kill, killpg, signal, SigHandler, Signal};
 use nix::unistd::Pid;
 
@@ -281,23 +282,13 @@ pub struct Running {
     finished: Option<Finished>,
 }
 
-/// The signals lockrun forwards. A process the tests spawn starts with each of them at
-/// its default disposition whatever the suite inherited: run under `nohup` (SIGHUP
-/// ignored) or as a background job of a script (SIGINT and SIGQUIT ignored), lockrun
-/// would rightly leave them ignored and the forwarding tests would wait in vain. A test
-/// that wants one ignored sets it itself (`supervisor::ignored`).
-const FORWARDED: [Signal; 6] = [
-    Signal::SIGHUP,
-    Signal::SIGINT,
-    Signal::SIGQUIT,
-    Signal::SIGTERM,
-    Signal::SIGUSR1,
-    Signal::SIGUSR2,
-];
-
 /// Spawns `cmd` with stdout and stderr captured in temporary files (not pipes: a leftover
-/// grandchild holding a pipe open must not hang the test), and the forwarded signals at
-/// their default disposition ([`FORWARDED`]).
+/// grandchild holding a pipe open must not hang the test), and the signals lockrun
+/// forwards ([`FORWARDED`]) at their default disposition whatever the suite inherited:
+/// run under `nohup` (SIGHUP ignored) or as a background job of a script (SIGINT and
+/// SIGQUIT ignored), lockrun would rightly leave them ignored and the forwarding tests
+/// would wait in vain. A test that wants one ignored sets it itself
+/// (`supervisor::ignored`).
 #[allow(unsafe_code)]
 pub fn spawn(mut cmd: Command) -> Running {
     serial::side_by_side();
