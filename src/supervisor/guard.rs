@@ -37,7 +37,7 @@
 
 use std::ffi::OsString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::Duration;
@@ -51,6 +51,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, getpid, getppid, setpgid, ForkResult, Pid};
 
 use super::cgroup::Cgroup;
+use super::spawn::{spawn_into, Exec, Refused};
 use super::wire::{self, FromGuard, ToGuard};
 use super::{tree, ChildExit, EnvChange, SpawnError, FORWARDED};
 
@@ -196,18 +197,32 @@ fn guard_main(sock: OwnedFd, argv: Vec<OsString>, lockrun: Pid) -> ! {
     else {
         exit_now(1)
     };
-    // lockrun died before it got here (or never asks): nothing to guard.
+    // The cgroup is made while lockrun takes the lock, off its way.
+    let cgroup = Cgroup::create(lockrun.as_raw() as u32);
+    let give_up = |cgroup: Option<Cgroup>| -> ! {
+        if let Some(c) = cgroup {
+            c.remove();
+        }
+        exit_now(0)
+    };
+    // lockrun died before it got here (or never asks: the lock was busy): nothing to
+    // guard.
     let (env, hold) = match wire::recv_to_guard(sock.as_fd(), true) {
         Ok(Some((ToGuard::Spawn(env), hold))) => (env, hold),
-        _ => exit_now(0),
+        _ => give_up(cgroup),
     };
     if getppid() != lockrun {
-        exit_now(0);
+        give_up(cgroup);
     }
-    let cgroup = Cgroup::create(lockrun.as_raw() as u32);
     let leader = match start_command(&argv, &env, cgroup.as_ref()) {
         Ok((leader, joined)) => {
-            let cgroup = cgroup.filter(|_| joined);
+            let cgroup = match cgroup {
+                Some(c) if !joined => {
+                    c.remove();
+                    None
+                }
+                other => other,
+            };
             let report = FromGuard::Spawned {
                 pid: leader.as_raw(),
                 cgroup: cgroup
@@ -232,13 +247,23 @@ fn guard_main(sock: OwnedFd, argv: Vec<OsString>, lockrun: Pid) -> ! {
     watch(&sock, &sfd, leader.0, leader.1.as_ref(), hold)
 }
 
-/// Starts the command as the guard's child, leader of a new process group, in `cgroup`
-/// when there is one. Returns its pid and whether it joined the cgroup.
+/// Starts the command as the guard's child, leader of a new process group: born in
+/// `cgroup` when there is one and `clone3` may be used. Returns its pid and whether
+/// it is in the cgroup.
 fn start_command(
     argv: &[OsString],
     env: &[EnvChange],
     cgroup: Option<&Cgroup>,
 ) -> io::Result<(Pid, bool)> {
+    if let Some(dir) = cgroup.and_then(|c| c.open_dir().ok()) {
+        let exec = Exec::new(argv, env)?;
+        match spawn_into(&exec, dir.as_fd(), getpid()) {
+            Ok(pid) => return Ok((pid, true)),
+            Err(Refused::Exec(e)) => return Err(e),
+            // No clone3 here: std's spawn, and the process tree alone.
+            Err(Refused::Clone) => {}
+        }
+    }
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "empty command"))?;
@@ -250,14 +275,10 @@ fn start_command(
             EnvChange::Remove(k) => cmd.env_remove(k),
         };
     }
-    let procs = cgroup.and_then(|c| c.procs_for_joining().ok());
-    super::prepare_child(&mut cmd, getpid(), procs.as_ref().map(|f| f.as_raw_fd()));
+    super::prepare_child(&mut cmd, getpid());
     let child = cmd.spawn()?;
-    let pid = Pid::from_raw(child.id() as i32);
     // The std handle is dropped without waiting: [`watch`] reaps every child.
-    drop(child);
-    let joined = cgroup.is_some_and(|c| c.contains(pid.as_raw()));
-    Ok((pid, joined))
+    Ok((Pid::from_raw(child.id() as i32), false))
 }
 
 /// Reports the job's end to lockrun, and kills the job if lockrun dies first.
@@ -293,6 +314,13 @@ fn watch(
         if sock_ready {
             match wire::recv_to_guard(sock.as_fd(), false) {
                 // The run is over: lockrun saw the job empty and now releases the lock.
+                Ok(Some((ToGuard::Done, _))) if reap(leader).1 => {
+                    if let Some(c) = cgroup {
+                        c.remove();
+                    }
+                    drop(hold);
+                    exit_now(0)
+                }
                 Ok(Some((ToGuard::Done, _))) => contain_and_exit(cgroup, hold),
                 Ok(Some((ToGuard::Spawn(_), _))) => {}
                 // Not yet a whole message.

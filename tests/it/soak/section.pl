@@ -26,7 +26,21 @@ $SIG{__WARN__} = sub { };
 my $h = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$ENV{SOAK_HARNESS}", Proto => 'tcp')
   or exit 90;
 sub report { syswrite($h, "$_[0]\n") }
-report("S $tok " . getppid() . " $$ $t0 $slot");
+# lockrun starts the command through its guard (`lockrun-guard`, lockrun's child): the
+# lockrun is the guard's parent.
+sub lockrun_pid {
+  my $pp = getppid();
+  open(my $c, '<', "/proc/$pp/comm") or return $pp;
+  my $comm = <$c> // '';
+  chomp $comm;
+  return $pp unless $comm eq 'lockrun-guard';
+  open(my $s, '<', "/proc/$pp/stat") or return $pp;
+  my $stat = <$s> // '';
+  $stat =~ s/^.*\) //;
+  my @f = split / /, $stat;
+  return $f[1] // $pp;
+}
+report("S $tok " . lockrun_pid() . " $$ $t0 $slot");
 my $st = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$ENV{SOAK_STORE}", Proto => 'tcp')
   or exit 91;
 $st->autoflush(1);
