@@ -184,6 +184,15 @@ impl Job {
             .all(|p| root == me && p.pid == guard)
     }
 
+    /// Tells the guard the lease's deadline (time since boot on `CLOCK_BOOTTIME`): if
+    /// lockrun has not sent a later one by then, the guard SIGKILLs the job itself, so a
+    /// stopped or stuck lockrun cannot let the job outlive the lease. Never waits.
+    pub fn set_deadline(&self, since_boot: Duration) {
+        if !self.guard_gone {
+            self.guard.deadline(since_boot);
+        }
+    }
+
     /// Tells the guard the job is over: it lets go of the lock's descriptors, removes
     /// the cgroup and exits. With the guard gone, lockrun removes the cgroup itself.
     pub fn done(&self) {
