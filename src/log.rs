@@ -62,8 +62,8 @@ impl Level {
 macro_rules! events {
     ($($(#[doc = $doc:literal])* $variant:ident => $name:literal,)*) => {
         /// What a line is about: the `event` key of a JSON line. The names are part of
-        /// the contract (SPEC "Operations": log shippers match on them); renaming one
-        /// is a visible change.
+        /// the contract (docs/operations.md, "Logs": log shippers match on them);
+        /// renaming one is a visible change.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum Event {
             $($(#[doc = $doc])* $variant,)*
@@ -400,8 +400,9 @@ mod tests {
         assert!(line.starts_with("{\"ts\":"), "ts comes first: {line}");
     }
 
-    /// The event names are a contract (SPEC "Operations"): this list changes only on
-    /// purpose, with SPEC, README and the log shippers' filters.
+    /// The event names are a contract (docs/operations.md, "Logs"): this list changes
+    /// only on purpose, with docs/operations.md, the man page and the log shippers'
+    /// filters.
     #[test]
     fn event_names_are_the_documented_ones() {
         let names: Vec<&str> = Event::ALL.iter().map(|e| e.as_str()).collect();

@@ -1,5 +1,5 @@
-//! How a run ended, and the exit status each ending maps to (SPEC "Exit status").
-//! Depends on nothing else in the crate.
+//! How a run ended, and the exit status each ending maps to (README, "Exit status", and
+//! the man page's EXIT STATUS). Depends on nothing else in the crate.
 
 /// The exit status used when the lock is busy and no `--conflict-exit-code` is given.
 pub const DEFAULT_CONFLICT_EXIT_CODE: u8 = 75;

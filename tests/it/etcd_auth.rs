@@ -23,18 +23,18 @@ const ROLE_LINES: [&str; 4] = [
     "user grant-role lockrun-app lockrun-role",
 ];
 
-/// The README shows [`ROLE_LINES`] as they are (the password is asked for there).
+/// `docs/backends.md` shows [`ROLE_LINES`] as they are (the password is asked for there).
 #[test]
 fn the_readme_shows_the_role_lines_this_test_uses() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("read README.md");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/backends.md"))
+        .expect("read docs/backends.md");
     for line in ROLE_LINES {
         let shown = format!("etcdctl {line}")
             .replace(" --new-user-password=PASSWORD", "")
             .replace("readwrite lockrun:", "readwrite 'lockrun:'");
         assert!(
             readme.contains(&shown),
-            "README does not show the line {shown:?}"
+            "docs/backends.md does not show the line {shown:?}"
         );
     }
 }

@@ -1,7 +1,7 @@
-//! The exit-status table of SPEC.md, one row (or one bad input) per test: the command's own
-//! status, 128+N, 126, 127, and 125 for every way lockrun can fail before the command
-//! starts. In every 125 case the command must not have started: it would have created a
-//! marker file.
+//! The exit-status table (README, "Exit status"), one row (or one bad input) per test:
+//! the command's own status, 128+N, 126, 127, and 125 for every way lockrun can fail
+//! before the command starts. In every 125 case the command must not have started: it
+//! would have created a marker file.
 
 use std::os::unix::fs::PermissionsExt;
 

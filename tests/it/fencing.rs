@@ -1,6 +1,7 @@
-//! Fencing tokens (SPEC property 5) and what lockrun stores in Redis: the token and the lock
-//! name reach the command, tokens strictly increase across acquisitions, also after the
-//! server restarted with no data or was flushed, and the lock hash records the holder.
+//! Fencing tokens (docs/guarantees.md, property 5) and what lockrun stores in Redis: the
+//! token and the lock name reach the command, tokens strictly increase across
+//! acquisitions, also after the server restarted with no data or was flushed, and the
+//! lock hash records the holder.
 
 use crate::support::*;
 

@@ -1,10 +1,10 @@
-//! The lease against Redis (SPEC properties 2, 3 and 4), where the tests can look at
-//! the key itself: renewal keeps the key's expiry ahead; a definite loss (key flushed,
-//! another token in it, the server restarted empty) stops the command at once and
-//! leaves another owner's key alone; `--kill-signal` and `--kill-after`; a lockrun paused
-//! past its TTL kills its command as soon as it runs again; the lease counts from the
-//! send time; transient errors within the lease are survived. (The backend down, hung,
-//! killed or frozen, for every backend, are in the conformance suite.)
+//! The lease against Redis (docs/guarantees.md, properties 2, 3 and 4), where the tests
+//! can look at the key itself: renewal keeps the key's expiry ahead; a definite loss (key
+//! flushed, another token in it, the server restarted empty) stops the command at once
+//! and leaves another owner's key alone; `--kill-signal` and `--kill-after`; a lockrun
+//! paused past its TTL kills its command as soon as it runs again; the lease counts from
+//! the send time; transient errors within the lease are survived. (The backend down,
+//! hung, killed or frozen, for every backend, are in the conformance suite.)
 //!
 //! Deadlines are computed from instants the test itself observed *before* injecting the
 //! fault: lockrun's last successful renewal was sent before that instant, so its lease ended

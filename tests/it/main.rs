@@ -4,7 +4,8 @@
 //! - `cli`, `exit_status`: the command line, the lock-name rules, exit statuses;
 //! - `supervisor`: signals, the process group, `--max-runtime`, PID 1;
 //! - `lease`, `fencing`, `contention`: the lease, tokens and waiting, against Redis;
-//! - `conformance`: SPEC's contract, written once and run against every backend;
+//! - `conformance`: the contract of docs/guarantees.md, written once and run against
+//!   every backend;
 //! - `redis_keys`, `redis_slots`, `redis_eviction`, `redis_cluster`, `redlock`, `sentinel`,
 //!   `postgres`, `pgbouncer`, `etcd`, `file_backend`, `auth`, `tls`: what only one backend
 //!   has (`pgbouncer`: PostgreSQL through PgBouncer); `postgres_tls`, `etcd_tls`: verified

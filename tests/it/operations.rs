@@ -1,4 +1,4 @@
-//! The operations surface (SPEC "Operations"): the metrics file is valid Prometheus text
+//! The operations surface (docs/operations.md): the metrics file is valid Prometheus text
 //! format after every outcome, JSON log lines carry the fields operators watch (wait time,
 //! hold time, token, exit status, reason of a loss), and lockrun's lines never mix with the
 //! command's own output.
@@ -9,7 +9,7 @@ use std::path::Path;
 use crate::support::*;
 use serde_json::Value;
 
-/// The six gauges SPEC names.
+/// The six gauges docs/operations.md names.
 const GAUGES: [&str; 6] = [
     "lockrun_last_run_timestamp_seconds",
     "lockrun_last_success_timestamp_seconds",
@@ -324,10 +324,10 @@ fn text_logs_stay_on_their_own_lines_beside_the_command_output() {
     );
 }
 
-/// SPEC "Operations": an unreachable backend is retried with capped exponential backoff
-/// and full jitter for the whole `--wait`, warned about once (then at most once a
-/// minute), and given up with one summary line: not a "retrying" line every few
-/// hundred milliseconds.
+/// docs/operations.md, "Waiting": an unreachable backend is retried with capped
+/// exponential backoff and full jitter for the whole `--wait`, warned about once (then at
+/// most once a minute), and given up with one summary line: not a "retrying" line every
+/// few hundred milliseconds.
 #[test]
 fn an_unreachable_backend_is_retried_with_backoff_and_one_warning() {
     let url = format!("redis://127.0.0.1:{}", closed_port());

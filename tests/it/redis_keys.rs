@@ -1,8 +1,8 @@
-//! Every key lockrun writes in Redis expires (SPEC property 8), and a name no longer
-//! used leaves nothing behind for good (issue 14, findings 3 and 9): the scripts refuse
-//! an expiry the server cannot take before they write anything; a lock found without
-//! an expiry gets the longest lease and its waiters wait rather than spin; the fencing
-//! counter expires, and tokens still increase once it is gone.
+//! Every key lockrun writes in Redis expires (docs/guarantees.md, property 8), and a name
+//! no longer used leaves nothing behind for good (issue 14, findings 3 and 9): the
+//! scripts refuse an expiry the server cannot take before they write anything; a lock
+//! found without an expiry gets the longest lease and its waiters wait rather than spin;
+//! the fencing counter expires, and tokens still increase once it is gone.
 //!
 //! The scripts are called directly (EVAL, with the arguments a test chooses) where the
 //! point is what the server side does whatever lockrun's own checks let through.

@@ -27,11 +27,12 @@
 //! a token whose acquire answer was lost. With N = 1 the keys, fields and round trips
 //! are those of the plain lock before semaphores.
 //!
-//! Every key expires (SPEC property 8): the scripts check their lease arguments (1 ms
-//! to [`MAX_LEASE`]) before writing anything, and each key gets its expiry in the
-//! command that writes it or right after it; a lock found without an expiry is given
-//! [`MAX_LEASE`]; the waiters' keys last two heartbeats; the fencing counter lasts
-//! [`FENCE_KEEP`] after the last acquisition (why tokens still increase: see there).
+//! Every key expires (docs/guarantees.md, property 8): the scripts check their lease
+//! arguments (1 ms to [`MAX_LEASE`]) before writing anything, and each key gets its
+//! expiry in the command that writes it or right after it; a lock found without an expiry
+//! is given [`MAX_LEASE`]; the waiters' keys last two heartbeats; the fencing counter
+//! lasts [`FENCE_KEEP`] after the last acquisition (why tokens still increase: see
+//! there).
 //!
 //! Every step is one Lua script (`scripts::Script`), atomic on the server, sent with
 //! EVAL: one round trip, and nothing to reload after a server restart. Renew and

@@ -1,9 +1,9 @@
 //! The contract on a healthy backend: the command runs with a token and its status is
-//! passed on; mutual exclusion under contention (SPEC 1) with increasing tokens (SPEC
-//! 5); busy, waiting and hand-off; a crashed holder's lock expires (SPEC 7); renewal;
-//! `--hold-at-least`; `status` and `release --force`; ownership (SPEC 4); two
-//! (prefix, name) pairs are two locks; no lease longer than a day (SPEC 8); failing
-//! closed (SPEC 6).
+//! passed on; mutual exclusion under contention (docs/guarantees.md, property 1) with
+//! increasing tokens (property 5); busy, waiting and hand-off; a crashed holder's lock
+//! expires (property 7); renewal; `--hold-at-least`; `status` and `release --force`;
+//! ownership (property 4); two (prefix, name) pairs are two locks; no lease longer than a
+//! day (property 8); failing closed (property 6).
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -285,10 +285,10 @@ pub(super) fn release_never_removes_another_owners_lock(start: Start) {
 }
 
 /// `--key-prefix lockrun:teamA:` with `job`, and the default prefix `lockrun:` with
-/// `teamA:job`, spell the same `PREFIX + NAME`: they must still be two locks (SPEC
-/// `--key-prefix`: two different pairs never share a key). Both are held at once, each
-/// `status` shows its own holder only, and `release --force` of one leaves the other
-/// holding: its command keeps running through renewals and its status is unchanged.
+/// `teamA:job`, spell the same `PREFIX + NAME`: they must still be two locks
+/// (docs/backends.md, "Keys": two different pairs never share a key). Both are held at
+/// once, each `status` shows its own holder only, and `release --force` of one leaves the
+/// other holding: its command keeps running through renewals and its status is unchanged.
 pub(super) fn two_prefix_and_name_pairs_that_spell_alike_are_two_locks(start: Start) {
     let b = start();
     const TEAM: [&str; 2] = ["--key-prefix", "lockrun:teamA:"];
@@ -351,9 +351,9 @@ pub(super) fn two_prefix_and_name_pairs_that_spell_alike_are_two_locks(start: St
     );
 }
 
-/// SPEC property 8, whatever the argument parser lets through: a lease longer than
-/// any backend keeps (24 h) is refused before anything is written, so no lock is left
-/// held for longer (or for ever, with a lease the server cannot take).
+/// docs/guarantees.md, property 8, whatever the argument parser lets through: a lease
+/// longer than any backend keeps (24 h) is refused before anything is written, so no lock
+/// is left held for longer (or for ever, with a lease the server cannot take).
 pub(super) fn a_lease_longer_than_a_day_is_refused_and_leaves_no_lock(start: Start) {
     let b = start();
     let s = Scratch::new();

@@ -1,8 +1,9 @@
-//! The contract when things go wrong while a command holds the lock (SPEC 2 and 5): a
-//! definite loss stops the command at once; the backend down (connections refused),
-//! hung (a partition), killed or frozen gets the command's group killed before the lease
-//! can have expired on the server, and once the fault is over (the servers restarted,
-//! with or without their data) the lock works again and its tokens still increase.
+//! The contract when things go wrong while a command holds the lock (docs/guarantees.md,
+//! properties 2 and 5): a definite loss stops the command at once; the backend down
+//! (connections refused), hung (a partition), killed or frozen gets the command's group
+//! killed before the lease can have expired on the server, and once the fault is over
+//! (the servers restarted, with or without their data) the lock works again and its
+//! tokens still increase.
 
 use std::thread;
 use std::time::{Duration, Instant};

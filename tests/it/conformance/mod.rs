@@ -1,18 +1,18 @@
-//! The backend conformance suite: SPEC's contract written once as tests and run against
-//! every backend (its own servers behind fault-injecting proxies, see
-//! `support::backends`). A backend is done when it passes all of them; a new one joins
-//! with one line at the bottom of this file. A backend with no server (the file
-//! backend) joins the second list: the contract, and of the faults only the definite
-//! loss (its lock broken by `release --force`); a server down, hung, killed or frozen
-//! means nothing for it.
+//! The backend conformance suite: the contract of docs/guarantees.md written once as
+//! tests and run against every backend (its own servers behind fault-injecting proxies,
+//! see `support::backends`). A backend is done when it passes all of them; a new one
+//! joins with one line at the bottom of this file. A backend with no server (the file
+//! backend) joins the second list: the contract, and of the faults only the definite loss
+//! (its lock broken by `release --force`); a server down, hung, killed or frozen means
+//! nothing for it.
 //!
 //! - `contract`: running, exclusion, busy and waiting, hand-off, crashes, renewal,
 //!   `--hold-at-least`, fencing, `status` and `release --force`, ownership, two
 //!   (prefix, name) pairs spelling one `PREFIX + NAME` being two locks, no lease
 //!   longer than a day, failing closed;
-//! - `semaphore`: `--slots N` (SPEC 9): at most N inside on distinct slots with tokens
-//!   that increase, busy, `status` and `release --force` over every slot, another N
-//!   refused, a crashed holder's slot freed when its lease ends, waiters in order;
+//! - `semaphore`: `--slots N` (property 9): at most N inside on distinct slots with
+//!   tokens that increase, busy, `status` and `release --force` over every slot, another
+//!   N refused, a crashed holder's slot freed when its lease ends, waiters in order;
 //! - `faults`: a definite loss, the backend down, hung, killed or frozen while a command
 //!   holds the lock: the command is dead before the lease can have expired, and the lock
 //!   works again, with larger tokens, once the fault is over.

@@ -1,8 +1,8 @@
-//! The semaphore contract (`--slots N`, SPEC property 9) on every backend: never more
-//! than N inside under contention and never two on one slot, with tokens that only
-//! increase (a history checker, as for the plain lock); busy when every slot is held;
-//! `status` (text and JSON) and `release --force` over every slot; a holder taken with
-//! another N refused (125) by runs, `status` and `release`; a crashed holder's slot
+//! The semaphore contract (`--slots N`, docs/guarantees.md, property 9) on every backend:
+//! never more than N inside under contention and never two on one slot, with tokens that
+//! only increase (a history checker, as for the plain lock); busy when every slot is
+//! held; `status` (text and JSON) and `release --force` over every slot; a holder taken
+//! with another N refused (125) by runs, `status` and `release`; a crashed holder's slot
 //! freed when its lease ends, not before; waiters served in the order they came.
 
 use std::thread;

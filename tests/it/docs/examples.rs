@@ -1,6 +1,7 @@
 //! Every `lockrun` command line in the docs and examples parses with the current
-//! options: the man page's EXAMPLES, the README's shell blocks, the systemd unit's
-//! `ExecStart` and the Kubernetes CronJob's container command.
+//! options: the man page's EXAMPLES, the shell blocks of README and the other Markdown
+//! pages (`docs/`), the systemd unit's `ExecStart` and the Kubernetes CronJob's
+//! container command.
 
 use std::ffi::OsString;
 
@@ -8,7 +9,7 @@ use clap::Parser;
 use lockrun::cli::{self, Cli};
 use lockrun::config::{LockName, RunConfig};
 
-use super::{man_page, read, section, MARKDOWN};
+use super::{man_page, markdown_pages, read, section};
 
 /// A shell token: a word, or an unquoted operator that ends a simple command.
 #[derive(Debug, PartialEq)]
@@ -208,9 +209,14 @@ fn documented_invocations() -> Vec<(String, Vec<String>)> {
         man >= 4,
         "found only {man} lockrun lines in the man page's EXAMPLES"
     );
-    for rel in MARKDOWN {
-        from_lines(rel, markdown_shell_lines(&read(rel)));
+    let mut markdown = 0;
+    for rel in markdown_pages() {
+        markdown += from_lines(&rel, markdown_shell_lines(&read(&rel)));
     }
+    assert!(
+        markdown >= 10,
+        "found only {markdown} lockrun lines in the Markdown pages"
+    );
     let service = "packaging/systemd/lockrun-example.service";
     let exec_start = read(service)
         .lines()

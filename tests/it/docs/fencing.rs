@@ -1,30 +1,29 @@
 //! The fencing examples (`packaging/examples/`) run under lockrun against a real Redis
-//! and a private PostgreSQL cluster, refuse a stale token, and appear in the README as they
-//! are.
+//! and a private PostgreSQL cluster, refuse a stale token, and appear in
+//! `docs/fencing.md` as they are.
 
-use std::fs;
 use std::process::Command;
 
-use super::{read, root, MARKDOWN};
+use super::{read, root};
 use crate::support::*;
 
-/// The fencing examples that the README shows and a test runs.
+/// The fencing examples that `docs/fencing.md` shows and a test runs.
 const FENCING_EXAMPLES: [&str; 2] = [
     "packaging/examples/fenced-write-postgres.sh",
     "packaging/examples/fenced-write-redis.sh",
 ];
 
+/// The page that shows them.
+const FENCING_PAGE: &str = "docs/fencing.md";
+
 #[test]
-fn the_readme_shows_the_fencing_examples_as_they_are() {
-    let readmes: Vec<String> = MARKDOWN
-        .iter()
-        .filter_map(|rel| fs::read_to_string(root().join(rel)).ok())
-        .collect();
+fn the_fencing_page_shows_the_fencing_examples_as_they_are() {
+    let page = read(FENCING_PAGE);
     for rel in FENCING_EXAMPLES {
         let script = read(rel);
         assert!(
-            readmes.iter().any(|text| text.contains(&script)),
-            "neither of {MARKDOWN:?} shows {rel} verbatim: copy the file into its code block"
+            page.contains(&script),
+            "{FENCING_PAGE} does not show {rel} verbatim: copy the file into its code block"
         );
     }
 }

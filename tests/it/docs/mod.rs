@@ -3,18 +3,24 @@
 //!
 //! - the committed man page has every section, its ENVIRONMENT names every variable the
 //!   code reads or sets (and no other), its EXIT STATUS every status lockrun chooses;
-//! - `examples`: every `lockrun` command line in the man page's EXAMPLES, the README,
-//!   the Kubernetes CronJob and the systemd unit parses with the current options;
+//! - `examples`: every `lockrun` command line in the man page's EXAMPLES, the Markdown
+//!   pages (README, `docs/`, ...), the Kubernetes CronJob and the systemd unit parses
+//!   with the current options;
 //! - `fencing`: the fencing examples (`packaging/examples/`) run under lockrun against a
-//!   Redis and PostgreSQL servers of their own, and refuse a stale token; the README shows
-//!   them as they are;
-//! - `acl`: the README and the man page state the Redis ACL rule as the code has it.
+//!   Redis and PostgreSQL servers of their own, and refuse a stale token;
+//!   `docs/fencing.md` shows them as they are;
+//! - `acl`: `docs/backends.md` and the man page state the Redis ACL rule as the code
+//!   has it;
+//! - `links`: every relative link of the Markdown pages points to a file that exists
+//!   (and to a heading of it, for `#anchor` links), and every test that
+//!   `docs/guarantees.md` names exists.
 //!
 //! Depends on the library's `cli`, `config` and `outcome` modules.
 
 mod acl;
 mod examples;
 mod fencing;
+mod links;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -29,8 +35,36 @@ const MAN_PAGE: &str = "man/lockrun.1";
 /// The hand-written sections of the man page.
 const MAN_SECTIONS: &str = "man/sections.roff";
 
-/// Files whose `sh` code blocks may run lockrun.
-const MARKDOWN: [&str; 1] = ["README.md"];
+/// The Markdown pages at the top of the crate (besides every page of `docs/`).
+const TOP_PAGES: [&str; 4] = [
+    "README.md",
+    "CONTRIBUTING.md",
+    "SECURITY.md",
+    "CHANGELOG.md",
+];
+
+/// Every Markdown page, relative to the crate root: [`TOP_PAGES`], then `docs/*.md` in
+/// name order. Their `sh` code blocks may run lockrun; their links must resolve.
+fn markdown_pages() -> Vec<String> {
+    let mut docs: Vec<String> = fs::read_dir(root().join("docs"))
+        .expect("read docs/")
+        .map(|entry| {
+            entry
+                .expect("dir entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|name| name.ends_with(".md"))
+        .map(|name| format!("docs/{name}"))
+        .collect();
+    docs.sort();
+    TOP_PAGES
+        .iter()
+        .map(|p| (*p).to_owned())
+        .chain(docs)
+        .collect()
+}
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -5,7 +5,8 @@
 //!
 //! - in process, thousands of them through `Cli::try_parse_from` and
 //!   `RunConfig::from_args`: no panic, every refusal one line, no password in it, and
-//!   what is accepted is within SPEC's bounds (durations, kill signal, no port 0);
+//!   what is accepted is within the documented bounds (docs/operations.md: durations,
+//!   kill signal, no port 0);
 //! - a few hundred through the real binary (against a port where nothing listens, or a
 //!   Redis of the test's own): exit status in the documented set, and a refusal (what
 //!   the in-process check refused) is status 125 with exactly one line on stderr.
@@ -107,8 +108,8 @@ fn verdict(argv: &[OsString]) -> Verdict {
     }
 }
 
-/// What SPEC allows of an accepted configuration, written out here rather than taken
-/// from the crate's own constants, so that a changed bound fails this test.
+/// What docs/operations.md allows of an accepted configuration, written out here rather
+/// than taken from the crate's own constants, so that a changed bound fails this test.
 fn assert_within_the_contract(cfg: &RunConfig) {
     let ms = Duration::from_millis;
     let day = Duration::from_secs(24 * 3600);

@@ -1,7 +1,7 @@
 //! The history checker of the soak. It takes what the sections reported, what the tap
 //! recorded, what the nemesis did, how every lockrun ended and the fenced store's log,
-//! and checks SPEC's safety properties; every violation becomes one line of
-//! [`Report::failures`], and the figures go into the summary line.
+//! and checks the safety properties of docs/guarantees.md; every violation becomes one
+//! line of [`Report::failures`], and the figures go into the summary line.
 //!
 //! One checker for both phases: a plain lock is a semaphore of one slot
 //! ([`History::slots`]). With N slots (property 9) it checks, in the same terms as for a
@@ -45,8 +45,9 @@ use crate::support::{
 /// notes the time, then acts.
 const FAULT_SLOP: Duration = Duration::from_millis(100);
 
-/// Exit statuses SPEC allows here: the command's own (the section exits 0), 75 (busy
-/// after --wait), 124 (lock lost), 125 (backend unreachable, command not started).
+/// Exit statuses the contract allows here (README, "Exit status"): the command's own (the
+/// section exits 0), 75 (busy after --wait), 124 (lock lost), 125 (backend unreachable,
+/// command not started).
 const ALLOWED_CODES: [i32; 4] = [0, 75, 124, 125];
 
 /// The checker's verdict and figures.
@@ -261,7 +262,7 @@ fn check_runs<'a>(h: &History<'a>, r: &mut Report) -> (HashMap<u64, &'a Run>, Ha
         }
         if !ALLOWED_CODES.contains(&code) {
             r.failures.push(format!(
-                "lockrun {} ended with status {:?}, not one SPEC allows here; its log:\n{}",
+                "lockrun {} ended with status {:?}, not an allowed one here; its log:\n{}",
                 run.pid, run.code, run.stderr
             ));
         }

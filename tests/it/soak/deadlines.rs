@@ -12,8 +12,9 @@ use super::report::{Fault, FaultEvent, Run, Section};
 use super::tap::Record;
 
 /// How long a lockrun that was paused past its deadline may take, once resumed, until
-/// its command's group is dead (SPEC property 3, "as soon as it runs again"). Generous:
-/// the machine is small and busy, and the section's own instants are what is checked.
+/// its command's group is dead (docs/guarantees.md, property 3, "the moment it runs
+/// again"). Generous: the machine is small and busy, and the section's own instants are
+/// what is checked.
 const RESUME_SLACK: Duration = Duration::from_millis(1000);
 
 /// How late after the known deadline the *test* may notice a section's death (its

@@ -2,7 +2,8 @@
 //! seeded random schedule freezes, kills, restarts and flushes Redis, blackholes, cuts,
 //! refuses and slows the network, pauses lockruns, and jumps the server's wall clock.
 //! Every critical section writes to a fenced store and reports its own history; a
-//! checker (`check`) then verifies SPEC's safety properties and prints figures.
+//! checker (`check`) then verifies the safety properties of docs/guarantees.md and prints
+//! figures.
 //!
 //! Two phases, one test each, under the same nemesis (issue 17):
 //! - plain: 4 lockruns contend for a plain lock (properties 1 to 8);

@@ -1,10 +1,11 @@
-//! The one mutual-exclusion and fencing checker (SPEC properties 1 and 5). A history is
-//! a list of critical sections, each with the fencing token it ran with and when it
-//! started and ended on a clock all processes share; the checker finds the sections that
-//! overlapped, the tokens handed to two sections, and the tokens that did not increase
-//! in the order the sections ran. The conformance suite and the contention tests use it
-//! as is ([`Sections`] records the history of a shell command); the soak gives it the
-//! sections its commands reported and explains the overlaps its faults may cause.
+//! The one mutual-exclusion and fencing checker (docs/guarantees.md, properties 1 and 5).
+//! A history is a list of critical sections, each with the fencing token it ran with and
+//! when it started and ended on a clock all processes share; the checker finds the
+//! sections that overlapped, the tokens handed to two sections, and the tokens that did
+//! not increase in the order the sections ran. The conformance suite and the contention
+//! tests use it as is ([`Sections`] records the history of a shell command); the soak
+//! gives it the sections its commands reported and explains the overlaps its faults may
+//! cause.
 //!
 //! Semaphores (property 9) have theirs: [`SlotSpan`]s, with [`semaphore_violations`]
 //! for a history that must be clean ([`SlotSections`]), and its parts for a checker
