@@ -205,7 +205,7 @@ fn spawn_failed(cfg: &RunConfig, e: SpawnError) -> Ended {
         ),
         SpawnError::Guard(e) => (
             Outcome::Failed,
-            format!("cannot start the command: {e}; the command was not started"),
+            format!("cannot start the command: {e}; nothing of it runs"),
         ),
     };
     emit(Level::Error, Event::Error, &what, &[]);
