@@ -195,6 +195,21 @@ fn spawn_failed(cfg: &RunConfig, e: SpawnError) -> Ended {
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default();
     let (outcome, what) = match e {
+        SpawnError::GuardLost { why, job_gone } => {
+            let msg = format!("stopped the command: lockrun's guard process {why}; everything it started was killed");
+            let fields = [("reason", "guard_lost".into())];
+            emit(Level::Error, Event::GuardLost, &msg, &fields);
+            let lease = if job_gone {
+                LeaseAtEnd::Ours
+            } else {
+                // Something of the job may still run: the lock is left to expire.
+                LeaseAtEnd::Lost
+            };
+            return Ended {
+                outcome: Outcome::LockLost,
+                lease,
+            };
+        }
         SpawnError::NotFound(e) => (
             Outcome::NotFound,
             format!("command not found: {program:?} ({e})"),

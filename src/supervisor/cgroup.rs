@@ -18,6 +18,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use nix::libc;
 
@@ -38,22 +39,21 @@ impl Cgroup {
         let (mount, root) = cgroup2_mount()?;
         let rel = own.strip_prefix(root.trim_end_matches('/')).unwrap_or(&own);
         let base = mount.join(rel.trim_start_matches('/'));
+        sweep(&base);
         let mut name = format!("lockrun-{id}");
         let mut dir = base.join(&name);
         if let Err(e) = fs::create_dir(&dir) {
             if e.kind() != io::ErrorKind::AlreadyExists {
                 return None;
             }
-            // Left by an earlier lockrun with this pid that could not clean up (it is
-            // removed if empty), or another PID namespace's lockrun with the same pid
-            // in this cgroup: a name of its own then.
-            if fs::remove_dir(&dir).is_err() || fs::create_dir(&dir).is_err() {
-                let mut salt = [0u8; 4];
-                getrandom::fill(&mut salt).ok()?;
-                name = format!("lockrun-{id}-{:08x}", u32::from_ne_bytes(salt));
-                dir = base.join(&name);
-                fs::create_dir(&dir).ok()?;
-            }
+            // Another lockrun's (one of the same pid in another PID namespace: every
+            // container's lockrun is 1), or one left by a lockrun that could not clean
+            // up: never taken over, a name of its own then.
+            let mut salt = [0u8; 4];
+            getrandom::fill(&mut salt).ok()?;
+            name = format!("lockrun-{id}-{:08x}", u32::from_ne_bytes(salt));
+            dir = base.join(&name);
+            fs::create_dir(&dir).ok()?;
         }
         let cg = Cgroup {
             path: format!("{}/{name}", own.trim_end_matches('/')),
@@ -108,6 +108,38 @@ impl Cgroup {
     /// Removes it (it must be empty); a failure leaves an empty directory behind.
     pub fn remove(&self) {
         let _ = fs::remove_dir(&self.dir);
+    }
+}
+
+/// How old an empty `lockrun-*` cgroup must be before a lockrun removes it as left
+/// behind.
+const LEFT_BEHIND: Duration = Duration::from_secs(600);
+
+/// Removes the empty `lockrun-*` cgroups in `base` left by lockruns that died with their
+/// guard (a PID namespace killed whole, or both SIGKILLed at once). A cgroup still in
+/// use is never empty for long (a run's is made as it starts to take its lock), and
+/// removing one that a waiting lockrun made only sends that run to the process tree:
+/// its `clone3` into the cgroup fails and the guard starts the command without it.
+fn sweep(base: &Path) {
+    let Ok(entries) = fs::read_dir(base) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        if !name.to_string_lossy().starts_with("lockrun-") {
+            continue;
+        }
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > LEFT_BEHIND);
+        let empty = fs::read_to_string(e.path().join("cgroup.events"))
+            .is_ok_and(|ev| ev.lines().any(|l| l == "populated 0"));
+        if old && empty {
+            let _ = fs::remove_dir(e.path());
+        }
     }
 }
 

@@ -156,15 +156,18 @@ impl Guard {
             )),
             other => {
                 // No answer, a wrong one, or a dead guard: it may have started the
-                // command; nothing of it may run without the lock.
+                // command; nothing of it may run without the lock. lockrun is the
+                // subreaper of whatever the guard leaves.
                 let _ = kill(self.pid, Signal::SIGKILL);
-                for p in tree::live_descendants(getpid().as_raw()) {
-                    let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
-                }
-                Err(lost(match other {
-                    Err(_) | Ok(None) => "did not answer",
-                    Ok(Some(_)) => "answered out of turn",
-                }))
+                let gone = kill_descendants(SETTLE);
+                let what = match other {
+                    Err(_) | Ok(None) => "died or did not answer as it started the command",
+                    Ok(Some(_)) => "answered out of turn as it started the command",
+                };
+                Err(SpawnError::GuardLost {
+                    why: what.into(),
+                    job_gone: gone,
+                })
             }
         }
     }
@@ -183,6 +186,36 @@ impl Guard {
     /// is gone (end of file).
     pub fn try_report(&self) -> io::Result<Option<FromGuard>> {
         wire::try_recv_from_guard(self.sock.as_fd())
+    }
+}
+
+/// How long lockrun keeps killing what a lost guard left before it gives up (and then
+/// leaves the lock to expire rather than release it).
+const SETTLE: Duration = Duration::from_secs(5);
+
+/// SIGKILLs every process below lockrun, again until none is alive or `limit` passed;
+/// true when none is left.
+fn kill_descendants(limit: Duration) -> bool {
+    let me = getpid().as_raw();
+    let until = std::time::Instant::now() + limit;
+    loop {
+        let live = tree::live_descendants(me);
+        if live.is_empty() {
+            return true;
+        }
+        if std::time::Instant::now() >= until {
+            return false;
+        }
+        for p in live {
+            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+        }
+        // Reap what died, so that only the living are counted.
+        while let Ok(status) = waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            if status == WaitStatus::StillAlive {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 

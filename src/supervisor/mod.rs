@@ -63,8 +63,16 @@ pub enum SpawnError {
     NotFound(io::Error),
     /// Found but not executable (exit status 126).
     CannotExecute(io::Error),
-    /// The guard could not start it (exit status 125): it is dead or did not answer.
+    /// The guard could not be asked to start it (exit status 125): nothing ran.
     Guard(io::Error),
+    /// The guard died (or did not answer) while starting it (exit status 124): the
+    /// command may have run for a moment; whatever it started was killed.
+    GuardLost {
+        /// What went wrong.
+        why: String,
+        /// Every process below lockrun is gone (else the lock is left to expire).
+        job_gone: bool,
+    },
 }
 
 /// A change lockrun makes to its own environment for the command.
