@@ -1,0 +1,150 @@
+//! Which boundary holds a run's job, said in one line at `-v` (JSON event
+//! `contained`): run as root with a writable cgroup v2 hierarchy (as the tests are
+//! here), the job runs in a child cgroup `lockrun-PID` of lockrun's own, removed once
+//! the run is over; run unprivileged, the process tree (the guard as the job's
+//! subreaper) holds it, and still nothing of the job outlives a SIGKILLed lockrun.
+
+use std::fs;
+use std::os::unix::fs::chown;
+use std::path::Path;
+use std::time::Instant;
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use super::each_shape;
+use crate::support::*;
+
+/// The uid and gid the unprivileged runs use (`nobody`).
+const NOBODY: u32 = 65534;
+
+/// `cmd` run as `nobody`, with no supplementary groups.
+fn as_nobody(cmd: &std::process::Command) -> std::process::Command {
+    wrapped(
+        &[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ],
+        cmd,
+    )
+}
+
+/// Hands `dir` to `nobody`.
+fn give_to_nobody(dir: &Path) {
+    chown(dir, Some(NOBODY), Some(NOBODY))
+        .unwrap_or_else(|e| panic!("chown {}: {e}", dir.display()));
+}
+
+/// The `contained` lines of a JSON log; panics unless there is exactly one, and
+/// returns its message.
+fn contained_line(stderr: &str) -> String {
+    let lines: Vec<Value> = stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["event"] == "contained")
+        .collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "one `contained` line at -v, naming the boundary:\n{stderr}"
+    );
+    assert_eq!(lines[0]["level"], "info", "{}", lines[0]);
+    lines[0]["msg"].as_str().unwrap_or_default().to_owned()
+}
+
+/// The cgroup v2 path (`0::PATH` of `/proc/PID/cgroup`) of `pid`.
+fn cgroup_of(pid: i32) -> String {
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("read cgroup");
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .expect("a cgroup v2 line")
+        .to_owned()
+}
+
+/// Where the cgroup v2 hierarchy is mounted.
+fn cgroup2_mount() -> String {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").expect("read mountinfo");
+    mounts
+        .lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            right
+                .starts_with("cgroup2 ")
+                .then(|| left.split_whitespace().nth(4).map(str::to_owned))?
+        })
+        .expect("a cgroup2 mount")
+}
+
+#[test]
+fn as_root_the_job_runs_in_a_cgroup_of_its_own_named_at_v() {
+    let b = Backend::new(FileService::start());
+    let s = Scratch::new();
+    let mut cmd = b.run(
+        "job",
+        &["-v", "--log-format", "json"],
+        &sh(r#"echo $$ > "$PIDFILE"; while [ ! -e "$GO" ]; do sleep 0.01; done"#),
+    );
+    cmd.env("PIDFILE", s.path("pid")).env("GO", s.path("go"));
+    let mut lr = spawn(cmd);
+    let pid = wait_pid(&s.path("pid"));
+    let own = cgroup_of(lr.pid());
+    let job = cgroup_of(pid);
+    let expected = format!("{}/lockrun-{}", own.trim_end_matches('/'), lr.pid());
+    assert_eq!(job, expected, "the command's cgroup (lockrun's is {own:?})");
+    s.touch("go");
+    let f = lr.wait();
+    f.assert_code(0);
+    let msg = contained_line(&f.stderr);
+    assert!(msg.contains("cgroup"), "the boundary line: {msg:?}");
+    let dir = format!("{}{expected}", cgroup2_mount());
+    assert!(
+        !Path::new(&dir).exists(),
+        "lockrun left its job's cgroup {dir} behind"
+    );
+}
+
+#[test]
+fn unprivileged_the_process_tree_holds_the_job_named_at_v() {
+    let files = FileService::start();
+    give_to_nobody(files.root());
+    let b = Backend::new(files);
+    let cmd = b.run("job", &["-v", "--log-format", "json"], &["true"]);
+    let f = run(as_nobody(&cmd));
+    f.assert_code(0);
+    let msg = contained_line(&f.stderr);
+    assert!(msg.contains("process tree"), "the boundary line: {msg:?}");
+}
+
+#[test]
+fn unprivileged_lockrun_sigkilled_leaves_no_process_of_any_job_shape() {
+    // Without a cgroup of its own, the guard alone holds the job: every shape, as
+    // `nobody`, on file:// (a directory of nobody's).
+    let files = FileService::start();
+    give_to_nobody(files.root());
+    let b = Backend::new(files);
+    let figures = each_shape(&Shape::EVERY, |shape, i| {
+        let what = format!("unprivileged, SIGKILL, {}", shape.name());
+        let name = format!("job{i}");
+        let s = Scratch::new();
+        give_to_nobody(&s.path(""));
+        let reaper = Reaper::default();
+        let job = Job::new(shape, &s, "job");
+        let mut cmd = b.run(&name, &[], &job.command());
+        job.env(&mut cmd);
+        let mut lr = spawn(as_nobody(&cmd));
+        reaper.add(lr.pid());
+        let procs = job.wait_started(&reaper);
+        let next = b.run(&name, &["--wait", "30s"], &next_holder_command());
+        let mut next = NextHolder::spawn(next, &s, "next", &procs);
+        lr.signal(Signal::SIGKILL);
+        lr.wait();
+        let dead = Instant::now();
+        let deaths = watch_deaths(&procs, dead, WAIT);
+        next.assert_no_survivors(&what);
+        deaths.assert_within(CONTAINED_WITHIN, &what);
+        format!("{}: {:?}", shape.name(), deaths.last)
+    });
+    eprintln!("unprivileged SIGKILL on file: {}", figures.join("; "));
+}
