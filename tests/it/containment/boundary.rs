@@ -136,7 +136,8 @@ fn unprivileged_lockrun_sigkilled_leaves_no_process_of_any_job_shape() {
         let mut lr = spawn(as_nobody(&cmd));
         reaper.add(lr.pid());
         let procs = job.wait_started(&reaper);
-        let next = b.run(&name, &["--wait", "30s"], &next_holder_command());
+        // (A lock directory of nobody's is refused to root: the next holder is nobody.)
+        let next = as_nobody(&b.run(&name, &["--wait", "30s"], &next_holder_command()));
         let mut next = NextHolder::spawn(next, &s, "next", &procs);
         lr.signal(Signal::SIGKILL);
         lr.wait();

@@ -198,9 +198,11 @@ fn assert_one_guard_line(f: &Finished, what: &str) {
 
 /// A memory cgroup (v1, the only memory controller this machine has) of the test's
 /// own, under the test's own memory cgroup, that lockrun alone is moved into, where a
-/// hog then makes the kernel's OOM killer pick lockrun (its `oom_score_adj` 1000, the
-/// hog's -999). Processes forked before the move (the guard, the job) stay where they
-/// were, so the OOM killer reaches lockrun alone; the hog dies of it next.
+/// hog then makes the kernel's OOM killer pick lockrun: its `oom_score_adj` is 1000,
+/// which puts it above the hog (whose own can only be raised: lowering it needs
+/// CAP_SYS_RESOURCE, which the tests may not have). Processes forked before the move
+/// (the guard, the job) stay where they were, so the OOM killer reaches lockrun alone;
+/// the hog dies of it next.
 struct MemCg {
     dir: PathBuf,
     hog: Option<Running>,
@@ -230,10 +232,7 @@ impl MemCg {
         cg.write("cgroup.procs", &lockrun.to_string());
         let mut hog = Command::new("sh");
         hog.arg("-c")
-            .arg(
-                r#"echo $$ > "$CG/cgroup.procs"; echo -999 > /proc/self/oom_score_adj
-                   exec perl -e '$x = "x" x (256 << 20); sleep 60'"#,
-            )
+            .arg(r#"echo $$ > "$CG/cgroup.procs"; exec perl -e '$x = "x" x (256 << 20); sleep 60'"#)
             .env("CG", &cg.dir);
         cg.hog = Some(spawn(hog));
         cg
