@@ -41,14 +41,21 @@ pub enum StopReason {
     /// The lease timer could not be set: the kill before the deadline could no longer
     /// be guaranteed.
     TimerFailed,
+    /// A signal lockrun forwarded did not end the job within `--kill-after`.
+    Forwarded,
+    /// The guard process died: nothing would stop the job if lockrun died too.
+    GuardLost,
 }
 
 impl StopReason {
     /// True when the lock was lost (exit status 124 with a "lost" log line).
     pub fn is_loss(self) -> bool {
         match self {
-            StopReason::LeaseLost | StopReason::LeaseExpiring | StopReason::TimerFailed => true,
-            StopReason::MaxRuntime | StopReason::Leftovers => false,
+            StopReason::LeaseLost
+            | StopReason::LeaseExpiring
+            | StopReason::TimerFailed
+            | StopReason::GuardLost => true,
+            StopReason::MaxRuntime | StopReason::Leftovers | StopReason::Forwarded => false,
         }
     }
 
@@ -60,6 +67,8 @@ impl StopReason {
             StopReason::MaxRuntime => "max_runtime",
             StopReason::Leftovers => "leftovers",
             StopReason::TimerFailed => "timer_failed",
+            StopReason::Forwarded => "forwarded_signal",
+            StopReason::GuardLost => "guard_lost",
         }
     }
 
@@ -69,9 +78,15 @@ impl StopReason {
             StopReason::LeaseLost => "the lock was lost (it is gone or held by someone else)",
             StopReason::LeaseExpiring => "the lease could not be renewed before it expired",
             StopReason::MaxRuntime => "--max-runtime was reached",
-            StopReason::Leftovers => "the command exited and left processes in its group",
+            StopReason::Leftovers => "the command exited and left processes running",
             StopReason::TimerFailed => {
                 "the lease timer could not be set, so the kill before the lease expires could not be guaranteed"
+            }
+            StopReason::Forwarded => {
+                "the job was still running --kill-after after a signal lockrun forwarded"
+            }
+            StopReason::GuardLost => {
+                "lockrun's guard process died, so nothing would stop the job if lockrun died too"
             }
         }
     }
@@ -135,6 +150,11 @@ pub enum Event {
     /// The driver could not set its timer to [`Machine::next_wakeup`]: nothing is sure
     /// to deliver the next [`Event::Tick`] in time.
     TimerFailed,
+    /// lockrun forwarded a signal to the job: SIGKILL follows `--kill-after` later
+    /// if the job is still there (as `timeout -k` does).
+    Forwarded,
+    /// The guard process died.
+    GuardLost,
 }
 
 /// A signal for the whole process group.
@@ -321,7 +341,11 @@ impl Machine {
             ) => held,
             (
                 held @ Lease::Held { .. },
-                Event::Tick | Event::CommandExited | Event::TimerFailed,
+                Event::Tick
+                | Event::CommandExited
+                | Event::TimerFailed
+                | Event::Forwarded
+                | Event::GuardLost,
             ) => held,
             (lost @ Lease::Lost { .. }, _) => lost,
             (Lease::Expired, _) => Lease::Expired,
@@ -338,8 +362,15 @@ impl Machine {
 
     /// The stop state after `event`, and the signal to send, if any.
     fn next_stop(&mut self, event: Event, now: BootInstant) -> Option<GroupSignal> {
-        if event == Event::TimerFailed {
-            return self.kill_now();
+        match event {
+            Event::TimerFailed => return self.kill_now(),
+            Event::GuardLost => return self.kill_for_lost_guard(),
+            Event::Tick
+            | Event::RenewOk
+            | Event::RenewFailed
+            | Event::RenewLost
+            | Event::CommandExited
+            | Event::Forwarded => {}
         }
         let p = self.params;
         let (stop, signal) = match self.stop {
@@ -355,10 +386,22 @@ impl Machine {
                     Lease::Held { .. } if event == Event::CommandExited => {
                         Some(StopReason::Leftovers)
                     }
+                    Lease::Held { .. } if event == Event::Forwarded => Some(StopReason::Forwarded),
                     Lease::Held { .. } => None,
                 };
                 match (reason, self.lease) {
                     (None, _) => (Stop::Running, None),
+                    // The forwarded signal is the stop signal: only SIGKILL is left to
+                    // schedule, `--kill-after` from now (as `timeout -k`). The lease
+                    // is still renewed meanwhile; its deadline at each step still
+                    // bounds SIGKILL (the `Terminating` arm below).
+                    (Some(StopReason::Forwarded), Lease::Held { .. }) => (
+                        Stop::Terminating {
+                            reason: StopReason::Forwarded,
+                            kill_at: now + p.kill_after,
+                        },
+                        None,
+                    ),
                     // Paused past the deadline (or never renewed in time): SIGKILL now.
                     (Some(reason), Lease::Expired) => {
                         (Stop::Killed { reason }, Some(GroupSignal::Kill(reason)))
@@ -373,14 +416,15 @@ impl Machine {
                 }
             }
             Stop::Terminating { reason, kill_at } => {
-                // Whatever the first reason was, the lease deadline still bounds SIGKILL.
-                let kill_at = match self.lease {
+                // Whatever the first reason was, the lease deadline as it stands now
+                // still bounds SIGKILL.
+                let due = match self.lease {
                     Lease::Held { deadline, .. } | Lease::Lost { deadline } => {
                         kill_at.min(deadline)
                     }
                     Lease::Expired => now,
                 };
-                if now >= kill_at {
+                if now >= due {
                     (Stop::Killed { reason }, Some(GroupSignal::Kill(reason)))
                 } else {
                     (Stop::Terminating { reason, kill_at }, None)
@@ -405,6 +449,19 @@ impl Machine {
         };
         self.stop = Stop::Killed { reason };
         Some(GroupSignal::Kill(reason))
+    }
+
+    /// The guard died: SIGKILL now (unless it was sent already), for that reason.
+    fn kill_for_lost_guard(&mut self) -> Option<GroupSignal> {
+        match self.stop {
+            Stop::Killed { .. } => None,
+            Stop::Running | Stop::Terminating { .. } => {
+                self.stop = Stop::Killed {
+                    reason: StopReason::GuardLost,
+                };
+                Some(GroupSignal::Kill(StopReason::GuardLost))
+            }
+        }
     }
 }
 

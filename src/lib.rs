@@ -64,42 +64,58 @@ use crate::log::{Format, Logger};
 use crate::metrics::RunReport;
 use crate::outcome::Outcome;
 
+/// How long lockrun's exit waits for stderr to take its last lines.
+const LAST_LINES_WAIT: Duration = Duration::from_secs(1);
+
 /// Runs lockrun with `args` (argv, program name first) and returns the exit status.
 pub fn main_with(args: Vec<OsString>) -> u8 {
     let cli = match Cli::try_parse_from(cli::with_default_subcommand(args.clone())) {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e, &args),
     };
-    match dispatch(cli) {
+    let code = match dispatch(cli) {
         Ok(code) => code,
         // The one place a setup error is printed (through the logger, so that it is a
         // JSON line with `--log-format json`): the whole chain, on one line.
         Err(err) => run::fail(&format!("{err:#}")).exit_code(),
-    }
+    };
+    // A stderr that does not take lockrun's last lines holds back its exit this long
+    // at most; the lines are lost then.
+    log::flush(LAST_LINES_WAIT);
+    code
 }
 
 /// Runs the parsed command line. `Err` is a setup step that failed before anything
 /// was done (exit status 125); what happens later is in the returned status.
 fn dispatch(cli: Cli) -> anyhow::Result<u8> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")
+    };
     let password = std::env::var("LOCKRUN_PASSWORD").ok();
     match cli.command {
         Command::Run(args) => {
             install_logger(&args.log, &args.name);
+            let not_started = |msg: String| RunReport {
+                outcome: run::fail(&format!("{msg}; the command was not started")),
+                waited: Duration::ZERO,
+                held: Duration::ZERO,
+            };
             // Not a setup error: a run that cannot start still writes its metrics.
             let report = match RunConfig::from_args(&args, password) {
-                Ok(cfg) => {
-                    let backend = AnyBackend::open(&cfg.backend, !cfg.wait.is_zero());
-                    runtime.block_on(run::run(&cfg, &backend))
-                }
-                Err(e) => RunReport {
-                    outcome: run::fail(&format!("{e}; the command was not started")),
-                    waited: Duration::ZERO,
-                    held: Duration::ZERO,
+                // The guard is forked while lockrun has one thread: before the log
+                // writer's thread and the runtime (see `supervisor::guard`).
+                Ok(cfg) => match supervisor::Guard::start(cfg.command.clone()) {
+                    Ok(guard) => {
+                        log::start_writer();
+                        let backend = AnyBackend::open(&cfg.backend, !cfg.wait.is_zero());
+                        runtime()?.block_on(run::run(&cfg, &backend, guard))
+                    }
+                    Err(e) => not_started(format!("cannot start the guard process: {e}")),
                 },
+                Err(e) => not_started(e.to_string()),
             };
             if let Some(path) = &args.metrics_file {
                 if let Err(e) = metrics::write(path, &args.name, &report) {
@@ -112,7 +128,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Status(args) => {
             install_logger(&args.log, &args.name);
             let backend = admin_backend(&args.backend, &args.name, password)?;
-            Ok(runtime.block_on(admin::status(
+            Ok(runtime()?.block_on(admin::status(
                 &backend,
                 &args.name,
                 args.backend.slots,
@@ -122,7 +138,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Release(args) => {
             install_logger(&args.log, &args.name);
             let backend = admin_backend(&args.backend, &args.name, password)?;
-            Ok(runtime.block_on(admin::force_release(
+            Ok(runtime()?.block_on(admin::force_release(
                 &backend,
                 &args.name,
                 args.backend.slots,

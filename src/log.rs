@@ -5,10 +5,20 @@
 //! A process-wide logger set once by `main` after parsing; before that, text at the
 //! normal level. Messages are built by the callers and never contain secrets: URLs are
 //! shown as `host:port` only. Depends on nothing else in the crate.
+//!
+//! **Writing never blocks the caller** once [`start_writer`] ran (`lockrun run` starts
+//! it right after forking its guard): lines go through a bounded queue to a thread of
+//! their own, which writes them to stderr. A stderr that blocks (a log shipper that
+//! stopped reading, a full container log pipe) then holds back that thread only, never
+//! a kill: when the queue is full a line is dropped and counted, and the count is said
+//! once, in a line of its own (`log_dropped`), as soon as stderr takes lines again.
+//! [`flush`] waits a bounded time for the queue at exit, so lockrun's own exit is
+//! bounded too.
 
-use std::io::Write;
-use std::sync::OnceLock;
-use std::time::SystemTime;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value};
 
@@ -127,6 +137,12 @@ events! {
     /// A password is sent over a connection without TLS to a host that is not this
     /// machine (`etcd://` with a user to a member that is not loopback).
     PasswordInClear => "password_in_clear",
+    /// Where the job is held: its own cgroup, or the process tree under the guard.
+    Contained => "contained",
+    /// lockrun's guard process died; the job was stopped.
+    GuardLost => "guard_lost",
+    /// Log lines were dropped because stderr did not take them in time.
+    LogDropped => "log_dropped",
 }
 
 /// The logger's settings.
@@ -206,9 +222,137 @@ pub fn emit(level: Level, event: Event, msg: &str, fields: &[(&str, Value)]) {
         }
     };
     if let Some(line) = logger.render(level, event, msg, fields) {
-        // One write call per line, so concurrent writers do not interleave within it.
-        let mut stderr = std::io::stderr().lock();
-        let _ = stderr.write_all(format!("{line}\n").as_bytes());
+        write_line(format!("{line}\n").into_bytes());
+    }
+}
+
+/// How many lines the writer's queue holds before lines are dropped.
+const QUEUE: usize = 64;
+
+/// The writer thread's end of things.
+struct Writer {
+    queue: SyncSender<Vec<u8>>,
+    /// Lines queued and not yet written, to wait on at exit.
+    pending: Mutex<usize>,
+    written: Condvar,
+}
+
+static WRITER: OnceLock<Writer> = OnceLock::new();
+
+/// Lines dropped since the last report of them.
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Starts the thread that writes lines from now on, so that [`emit`] never blocks.
+/// Call it once the process may have threads (after lockrun forked its guard).
+pub fn start_writer() {
+    let (queue, lines) = sync_channel(QUEUE);
+    let writer = Writer {
+        queue,
+        pending: Mutex::new(0),
+        written: Condvar::new(),
+    };
+    if WRITER.set(writer).is_err() {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("lockrun-log".into())
+        .spawn(move || write_lines(lines));
+    if spawned.is_err() {
+        // No thread: lines stay queued and are counted as dropped at exit; the kill
+        // path still never waits on stderr.
+        DROPPED.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The writer thread: writes each line, and after a line that went through, says how
+/// many were dropped before it.
+fn write_lines(lines: Receiver<Vec<u8>>) {
+    let Some(writer) = WRITER.get() else {
+        return;
+    };
+    for line in lines {
+        write_stderr(&line);
+        let dropped = DROPPED.swap(0, Ordering::Relaxed);
+        if dropped > 0 {
+            let msg = format!("{dropped} log line(s) dropped: stderr did not take them in time");
+            let fields = [("dropped", Value::from(dropped))];
+            let logger = LOGGER.get();
+            let fallback = Logger::new(Format::Text, Level::Warn, "");
+            if let Some(l) =
+                logger
+                    .unwrap_or(&fallback)
+                    .render(Level::Warn, Event::LogDropped, &msg, &fields)
+            {
+                write_stderr(format!("{l}\n").as_bytes());
+            }
+        }
+        let mut pending = writer
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *pending = pending.saturating_sub(1);
+        writer.written.notify_all();
+    }
+}
+
+/// Queues `line` for the writer thread (never waiting), or writes it at once when
+/// there is no writer thread.
+fn write_line(line: Vec<u8>) {
+    let Some(writer) = WRITER.get() else {
+        write_stderr(&line);
+        return;
+    };
+    let mut pending = writer
+        .pending
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    match writer.queue.try_send(line) {
+        Ok(()) => *pending += 1,
+        Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+            DROPPED.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Waits at most `limit` for the queued lines to be written (lockrun's exit).
+pub fn flush(limit: Duration) {
+    let Some(writer) = WRITER.get() else {
+        return;
+    };
+    let until = Instant::now() + limit;
+    let mut pending = writer
+        .pending
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    while *pending > 0 {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        pending = writer
+            .written
+            .wait_timeout(pending, left)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+    }
+}
+
+/// Writes all of `bytes` to file descriptor 2, in as few calls as it takes (one for a
+/// line, so concurrent writers do not interleave within it); gives up on an error.
+fn write_stderr(mut bytes: &[u8]) {
+    // SAFETY: fd 2 is open for the whole life of the process (or writes fail with
+    // EBADF, which ends this loop).
+    #[allow(unsafe_code)]
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(2) };
+    while !bytes.is_empty() {
+        match nix::unistd::write(fd, bytes) {
+            Ok(0) => return,
+            Ok(n) => bytes = &bytes[n..],
+            Err(nix::errno::Errno::EINTR) => {}
+            // A non-blocking stderr (set by whoever shares it): wait a little.
+            Err(nix::errno::Errno::EAGAIN) => std::thread::sleep(Duration::from_millis(1)),
+            Err(_) => return,
+        }
     }
 }
 
@@ -282,6 +426,9 @@ mod tests {
                 "password_file_mode",
                 "eviction_unchecked",
                 "password_in_clear",
+                "contained",
+                "guard_lost",
+                "log_dropped",
             ]
         );
     }

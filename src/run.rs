@@ -20,7 +20,7 @@ use crate::config::RunConfig;
 use crate::log::{emit, Event, Level};
 use crate::metrics::RunReport;
 use crate::outcome::Outcome;
-use crate::supervisor::{Group, Signals, SpawnError};
+use crate::supervisor::{Boundary, Guard, Job, Signals, SpawnError};
 use acquire::{abandon, acquire};
 use policy::Taken;
 use supervise::supervise;
@@ -51,9 +51,10 @@ enum LeaseAtEnd {
     Lost,
 }
 
-/// Runs `cfg` against `backend` and reports how it ended. Every outcome other than
-/// the command's own exit has been logged when this returns.
-pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
+/// Runs `cfg` against `backend`, the command started by `guard` (forked at start, see
+/// [`crate::supervisor`]), and reports how it ended. Every outcome other than the
+/// command's own exit has been logged when this returns.
+pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunReport {
     let started = BootInstant::now();
     let report = |outcome: Outcome| RunReport {
         outcome,
@@ -95,8 +96,15 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B) -> RunReport {
             return report(fail(&msg));
         }
     };
-    let ended = match Group::spawn(&cfg.command, &env) {
-        Ok(group) => supervise(cfg, backend, &mut signals, &group, &taken, timer).await,
+    let hold = backend.lock_fds(cfg.name.as_str());
+    let ended = match Job::start(guard, &env, &hold, request_timeout(cfg.ttl)) {
+        Ok(mut job) => {
+            log_contained(&job);
+            let ended = supervise(cfg, backend, &mut signals, &mut job, &taken, timer).await;
+            // The whole job is gone: the guard may let go of the lock's files.
+            job.done();
+            ended
+        }
         Err(e) => spawn_failed(cfg, e),
     };
     let hold = BootInstant::now().saturating_since(taken.sent_at);
@@ -123,6 +131,33 @@ fn request(cfg: &RunConfig) -> AcquireRequest {
             .map_or_else(|_| "unknown".into(), |h| h.to_string_lossy().into_owned()),
         pid: std::process::id(),
     }
+}
+
+/// Says (at `-v`) what holds the job: its own cgroup, or the process tree below the
+/// guard.
+fn log_contained(job: &Job) {
+    let guard = job.guard_pid().as_raw();
+    let (msg, boundary) = match job.boundary() {
+        Boundary::Cgroup(c) => (
+            format!(
+                "the job is held in cgroup {} (cgroup.kill) below the guard process {guard}",
+                c.dir().display()
+            ),
+            "cgroup",
+        ),
+        Boundary::Tree => (
+            format!(
+                "the job is held by the process tree below the guard process {guard} (a child subreaper); no cgroup of its own"
+            ),
+            "process_tree",
+        ),
+    };
+    let fields = [
+        ("boundary", boundary.into()),
+        ("guard_pid", guard.into()),
+        ("pid", job.leader().as_raw().into()),
+    ];
+    emit(Level::Info, Event::Contained, &msg, &fields);
 }
 
 fn log_acquired(cfg: &RunConfig, taken: &Taken) {
@@ -167,6 +202,10 @@ fn spawn_failed(cfg: &RunConfig, e: SpawnError) -> Ended {
         SpawnError::CannotExecute(e) => (
             Outcome::CannotExecute,
             format!("cannot execute {program:?}: {e}"),
+        ),
+        SpawnError::Guard(e) => (
+            Outcome::Failed,
+            format!("cannot start the command: {e}; the command was not started"),
         ),
     };
     emit(Level::Error, Event::Error, &what, &[]);

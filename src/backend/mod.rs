@@ -21,6 +21,7 @@ pub mod tls;
 pub mod zookeeper;
 
 use std::future::Future;
+use std::os::fd::RawFd;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -246,6 +247,14 @@ pub trait Backend {
 
     /// Stops waiting for `name` (forgets this waiter's place in the queue).
     async fn stop_waiting(&self, name: &str) -> Result<(), BackendError>;
+
+    /// Descriptors whose open files hold our lock of `name` on this host (the file
+    /// backend's lock file), for the guard to keep open while the job lives: the lock
+    /// then stays taken until the job is dead, even if lockrun dies first. A backend
+    /// whose lock lives on a server has none.
+    fn lock_fds(&self, _name: &str) -> Vec<RawFd> {
+        Vec::new()
+    }
 }
 
 /// A backend as the rest of the program holds it: any [`Backend`], behind one pointer.
@@ -285,6 +294,7 @@ trait DynBackend {
         max: Duration,
     ) -> Call<'a, ()>;
     fn stop_waiting<'a>(&'a self, name: &'a str) -> Call<'a, ()>;
+    fn lock_fds(&self, name: &str) -> Vec<RawFd>;
 }
 
 impl<B: Backend> DynBackend for B {
@@ -313,6 +323,9 @@ impl<B: Backend> DynBackend for B {
     }
     fn stop_waiting<'a>(&'a self, name: &'a str) -> Call<'a, ()> {
         Box::pin(Backend::stop_waiting(self, name))
+    }
+    fn lock_fds(&self, name: &str) -> Vec<RawFd> {
+        Backend::lock_fds(self, name)
     }
 }
 
@@ -348,6 +361,10 @@ impl Backend for AnyBackend {
 
     async fn stop_waiting(&self, name: &str) -> Result<(), BackendError> {
         self.0.stop_waiting(name).await
+    }
+
+    fn lock_fds(&self, name: &str) -> Vec<RawFd> {
+        self.0.lock_fds(name)
     }
 }
 

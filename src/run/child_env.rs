@@ -15,15 +15,15 @@ use crate::supervisor::EnvChange;
 pub(super) fn changes(lock: Vec<(&'static str, String)>) -> Vec<EnvChange> {
     let mut out: Vec<EnvChange> = lock
         .into_iter()
-        .map(|(k, v)| EnvChange::Set(k, v))
+        .map(|(k, v)| EnvChange::Set(k.to_owned(), v))
         .collect();
-    out.push(EnvChange::Remove("LOCKRUN_PASSWORD"));
-    out.push(EnvChange::Remove("LOCKRUN_SENTINEL_PASSWORD"));
+    out.push(EnvChange::Remove("LOCKRUN_PASSWORD".into()));
+    out.push(EnvChange::Remove("LOCKRUN_SENTINEL_PASSWORD".into()));
     if let Some(url) = std::env::var_os("LOCKRUN_URL") {
         // Not UTF-8: nothing can be told about it, so it is not passed on.
         match url.to_str().and_then(url_list_without_passwords) {
-            Some(clean) => out.push(EnvChange::Set("LOCKRUN_URL", clean)),
-            None => out.push(EnvChange::Remove("LOCKRUN_URL")),
+            Some(clean) => out.push(EnvChange::Set("LOCKRUN_URL".into(), clean)),
+            None => out.push(EnvChange::Remove("LOCKRUN_URL".into())),
         }
     }
     out

@@ -3,10 +3,13 @@
 //! carries out its decisions. Part of [`crate::run`].
 
 use std::future::Future;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::time::Duration;
 
 use serde_json::Value;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 use tokio::time::error::Elapsed;
 
 use super::policy::Taken;
@@ -17,31 +20,49 @@ use crate::config::RunConfig;
 use crate::lease::{Event, GroupSignal, Machine, Params, Stop, StopReason};
 use crate::log::{emit, Event as LogEvent, Level};
 use crate::outcome::Outcome;
-use crate::supervisor::{reap, ChildExit, Group, Received, Signals};
+use crate::supervisor::{reap, ChildExit, FromGuard, Job, Received, Signals};
 
 type Renewal<'a> = Pin<Box<dyn Future<Output = Result<Result<(), BackendError>, Elapsed>> + 'a>>;
 
-/// Runs the command to its end (and the end of its whole group) under the lease.
+/// How often lockrun looks at the job itself while it waits for the job's end (the
+/// guard reports it, but a stopped guard would not).
+const DRAIN_POLL: Duration = Duration::from_millis(50);
+
+/// What lockrun knows of the job's end.
+#[derive(Debug, Default)]
+struct JobEnd {
+    /// How the command (the leader) ended.
+    leader: Option<ChildExit>,
+    /// No process of the job is left.
+    empty: bool,
+    /// The guard's socket reached its end (the guard is gone or going).
+    guard_eof: bool,
+}
+
+/// Runs the command to its end (and the end of its whole job) under the lease.
 /// Returns how it ended and whether the lease is still ours to release.
 pub(super) async fn supervise<B: Backend>(
     cfg: &RunConfig,
     backend: &B,
     signals: &mut Signals,
-    group: &Group,
+    job: &mut Job,
     taken: &Taken,
     mut timer: Timer,
 ) -> Ended {
     let params = Params::new(cfg.ttl, cfg.renew_every, cfg.kill_after);
     let mut machine = Machine::new(params, taken.sent_at, BootInstant::now(), cfg.max_runtime);
     let mut renewal: Option<Renewal<'_>> = None;
-    // The SIGCHLD handler was installed before the spawn, so an early exit of the
-    // command is not missed: the first `signals.recv()` reports it.
-    let mut leader: Option<ChildExit> = None;
+    let reports = watch_guard(job);
+    let mut end = JobEnd::default();
     let mut failures = 0u32;
     loop {
-        if leader.is_some() && group.is_empty() {
+        if (end.leader.is_some() || job.is_guard_lost()) && end.empty {
             break;
         }
+        let draining = end.leader.is_some()
+            || job.is_guard_lost()
+            || reports.is_none()
+            || matches!(machine.stop(), Stop::Killed { .. });
         let event = match arm(&mut timer, &machine) {
             Some(failed) => Some(failed),
             None => tokio::select! {
@@ -51,16 +72,43 @@ pub(super) async fn supervise<B: Backend>(
                     renewal = None;
                     Some(renewal_event(r, &mut failures, &cfg.backend.display))
                 }
-                received = signals.recv() => on_signal(received, group, &mut leader),
-                // While leftovers drain, look for an empty group now and then: the last
-                // one may have been a grandchild reaped by its own parent.
-                _ = tokio::time::sleep(Duration::from_millis(50)), if leader.is_some() => None,
+                received = signals.recv() => on_signal(received, job, &mut end),
+                ready = async { reports.as_ref().expect("guarded").readable().await },
+                    if reports.is_some() && !end.guard_eof => {
+                    match ready {
+                        Ok(mut guard) => {
+                            guard.clear_ready();
+                            on_reports(job, &mut end)
+                        }
+                        Err(_) => None,
+                    }
+                }
+                // While the job drains, look at it now and then: the guard reports its
+                // end, but lockrun checks for itself too, and SIGKILL is sent again to
+                // whatever a fork slipped past the last one.
+                _ = tokio::time::sleep(DRAIN_POLL), if draining => {
+                    if matches!(machine.stop(), Stop::Killed { .. }) {
+                        job.signal(nix::sys::signal::Signal::SIGKILL);
+                    }
+                    let event = if reports.is_none() {
+                        on_reports(job, &mut end)
+                    } else {
+                        None
+                    };
+                    if end.leader.is_some() && !end.empty {
+                        end.empty = job.is_empty();
+                    }
+                    event
+                }
             },
         };
+        if job.is_guard_lost() && !end.empty {
+            end.empty = job.is_empty();
+        }
         let now = BootInstant::now();
         let actions = machine.step(event.unwrap_or(Event::Tick), now);
         if let Some(signal) = actions.signal {
-            carry_out(cfg, group, signal);
+            carry_out(cfg, job, signal);
         }
         if !machine.holds_lease() {
             renewal = None;
@@ -73,15 +121,68 @@ pub(super) async fn supervise<B: Backend>(
         }
     }
     drop(renewal);
+    drop(reports);
     let lease = if machine.holds_lease() {
         LeaseAtEnd::Ours
     } else {
         LeaseAtEnd::Lost
     };
     Ended {
-        outcome: outcome(&machine, leader),
+        outcome: outcome(&machine, end.leader),
         lease,
     }
+}
+
+/// The guard's socket, registered with the runtime; `None` if it cannot be (then the
+/// drain poll reads it).
+#[allow(unsafe_code)]
+fn watch_guard(job: &Job) -> Option<AsyncFd<RawFd>> {
+    let fd = job.guard_socket().as_raw_fd();
+    // SAFETY: the descriptor belongs to `job`, which outlives the registration (it is
+    // dropped before `supervise` returns) and never closes or replaces it meanwhile.
+    unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.ok()
+}
+
+/// Reads what the guard reported: the command's exit, the job's end, or (end of file)
+/// the guard's death.
+fn on_reports(job: &mut Job, end: &mut JobEnd) -> Option<Event> {
+    let mut event = None;
+    loop {
+        match job.report() {
+            Ok(Some(FromGuard::Exited { exit, empty })) => {
+                if end.leader.is_none() {
+                    end.leader = Some(exit);
+                    log_exit(exit);
+                }
+                end.empty |= empty;
+                if !empty {
+                    event = Some(Event::CommandExited);
+                }
+            }
+            Ok(Some(FromGuard::Empty)) => end.empty = true,
+            // Nothing more for now; anything else is out of turn and changes nothing.
+            Ok(None) => return event,
+            Ok(Some(_)) => {}
+            Err(_) => {
+                end.guard_eof = true;
+                return guard_gone(job, end).or(event);
+            }
+        }
+    }
+}
+
+/// The guard is gone (its socket ended, or lockrun reaped it). Unless the job was
+/// over already, that is a reason to stop it at once: nothing would stop the job if
+/// lockrun died now.
+fn guard_gone(job: &mut Job, end: &mut JobEnd) -> Option<Event> {
+    if job.is_guard_lost() {
+        return None;
+    }
+    job.guard_lost();
+    if end.leader.is_some() && end.empty {
+        return None;
+    }
+    Some(Event::GuardLost)
 }
 
 /// Sets the lease timer to the machine's next wake-up. If it cannot be set, nothing
@@ -123,33 +224,36 @@ fn renewal_event(
     }
 }
 
-/// Handles a signal lockrun received: reaps on SIGCHLD (reporting the command's exit
-/// while its group lives on), forwards the others to the group.
-fn on_signal(received: Received, group: &Group, leader: &mut Option<ChildExit>) -> Option<Event> {
+/// Handles a signal lockrun received: reaps on SIGCHLD (the guard's death, and once
+/// it is gone the command's exit, are seen there), forwards the others to the job.
+fn on_signal(received: Received, job: &mut Job, end: &mut JobEnd) -> Option<Event> {
     match received {
-        Received::Child => match (*leader, reap(group.leader())) {
-            (None, Some(exit)) => {
-                *leader = Some(exit);
+        Received::Child => {
+            let reaped = reap(job.guard_pid(), job.leader());
+            if let Some(exit) = reaped.leader.filter(|_| end.leader.is_none()) {
+                end.leader = Some(exit);
                 log_exit(exit);
-                (!group.is_empty()).then_some(Event::CommandExited)
             }
-            _ => None,
-        },
+            if reaped.guard {
+                return guard_gone(job, end);
+            }
+            None
+        }
         Received::Forward(sig) => {
-            let msg = format!("forwarding {sig} to the command");
+            let msg = format!("forwarding {sig} to the command's job");
             emit(
                 Level::Info,
                 LogEvent::Forwarded,
                 &msg,
                 &[("signal", sig.as_str().into())],
             );
-            group.signal(sig);
-            None
+            job.signal(sig);
+            Some(Event::Forwarded)
         }
     }
 }
 
-/// How the run ended, once the whole group is gone.
+/// How the run ended, once the whole job is gone.
 fn outcome(machine: &Machine, leader: Option<ChildExit>) -> Outcome {
     // Every reason is named, so that a new one forces a decision here.
     let stopped = match machine.stop_reason() {
@@ -157,7 +261,8 @@ fn outcome(machine: &Machine, leader: Option<ChildExit>) -> Outcome {
             Some((r, LogEvent::Lost, Outcome::LockLost))
         }
         Some(r @ StopReason::MaxRuntime) => Some((r, LogEvent::MaxRuntime, Outcome::MaxRuntime)),
-        Some(StopReason::Leftovers) | None => None,
+        Some(r @ StopReason::GuardLost) => Some((r, LogEvent::GuardLost, Outcome::LockLost)),
+        Some(StopReason::Leftovers | StopReason::Forwarded) | None => None,
     };
     if let Some((r, event, outcome)) = stopped {
         let msg = format!("stopped the command: {}", r.describe());
@@ -188,7 +293,7 @@ fn renew_failed(failures: &mut u32, why: &str) -> Event {
     Event::RenewFailed
 }
 
-fn carry_out(cfg: &RunConfig, group: &Group, signal: GroupSignal) {
+fn carry_out(cfg: &RunConfig, job: &Job, signal: GroupSignal) {
     let (sig, reason) = match signal {
         GroupSignal::Stop(r) => (cfg.kill_signal, r),
         GroupSignal::Kill(r) => (nix::sys::signal::Signal::SIGKILL, r),
@@ -201,20 +306,17 @@ fn carry_out(cfg: &RunConfig, group: &Group, signal: GroupSignal) {
     emit(
         level,
         LogEvent::Killing,
-        &format!(
-            "sending {sig} to the command's process group: {}",
-            reason.describe()
-        ),
+        &format!("sending {sig} to the command's job: {}", reason.describe()),
         &[
             ("signal", sig.as_str().into()),
             ("reason", reason.code().into()),
         ],
     );
-    group.signal(sig);
+    job.signal(sig);
     if sig != nix::sys::signal::Signal::SIGKILL {
         // A stopped process would not act on the kill signal until continued (as
         // timeout(1) and systemd do, wake it so it can exit cleanly).
-        group.signal(nix::sys::signal::Signal::SIGCONT);
+        job.signal(nix::sys::signal::Signal::SIGCONT);
     }
 }
 

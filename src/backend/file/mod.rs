@@ -370,6 +370,15 @@ impl Backend for FileBackend {
         self.holders_now(name).await
     }
 
+    fn lock_fds(&self, name: &str) -> Vec<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.local()
+            .held
+            .get(name)
+            .map(|h| vec![h.lock.file().as_raw_fd()])
+            .unwrap_or_default()
+    }
+
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
         self.break_every_slot(name).await
     }

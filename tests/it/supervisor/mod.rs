@@ -152,8 +152,9 @@ fn forwarded_signal_reaches_the_whole_group() {
 
 #[test]
 fn forwarded_signal_the_command_ignores_does_not_end_the_run() {
-    // Forwarding is not stopping: if the command shrugs SIGTERM off, lockrun keeps the lock
-    // (renewing it past its TTL) until the command ends, and reports its status.
+    // Forwarding is not stopping at once: if the command shrugs SIGTERM off, lockrun keeps
+    // the lock (renewing it past its TTL) until the command ends or `--kill-after` (10 s
+    // by default) has passed, and reports its status.
     let redis = RedisServer::start();
     let s = Scratch::new();
     let reaper = Reaper::default();

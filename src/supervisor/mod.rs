@@ -1,34 +1,50 @@
-//! The command's process group: spawn, signal, reap.
+//! The command's job: spawn (through the guard), signal, reap.
 //!
-//! The command runs as the leader of a new process group, so one `killpg` reaches
-//! its grandchildren too. lockrun makes itself a child subreaper, so whatever the
-//! command leaves behind is re-parented to lockrun: lockrun reaps it and can tell
-//! when the group is really empty, instead of relying on the machine's PID 1. The
-//! child gets `PR_SET_PDEATHSIG(SIGKILL)` so that it dies with lockrun, even when
-//! lockrun is SIGKILLed. Linux ties that signal to the *thread* that forked, so the
-//! spawn must happen on a thread that lives as long as lockrun: the main thread of
-//! the current-thread runtime.
+//! The job is every process descended from the command, not only its process group: a
+//! process may leave the group (`setpgid`, as GNU `timeout` does), start a session of
+//! its own (`setsid`) or double-fork, and it is still the job. Three pieces hold it:
 //!
-//! Every `waitpid` in the process happens here, with `-1`: as PID 1 (a container) or
-//! subreaper, lockrun reaps every orphan, and the leader's own status is recognised
-//! by its pid. Nothing else in lockrun may wait for children. ESRCH from a signal
-//! means the target is already gone and is not an error.
+//! - [`guard`]: a small process forked at start that starts the command as its own
+//!   child and is a child subreaper, so the job is exactly the guard's descendants. It
+//!   SIGKILLs the whole job when lockrun dies, for any reason, SIGKILL included, and
+//!   holds the file backend's lock until the job is dead;
+//! - [`cgroup`]: where lockrun may make a cgroup v2 of its own, the command joins it
+//!   before exec, and `cgroup.kill` reaches everything forked in it at once;
+//! - [`tree`]: the descendants of a pid read from `/proc`, signalled one by one (the
+//!   command's own group first, with `killpg`).
+//!
+//! lockrun makes itself a child subreaper too: if the guard dies, the command dies of
+//! its parent-death signal (SIGKILL, tied to the guard) and the rest of the job is
+//! re-parented to lockrun, which kills it and exits 124.
+//!
+//! Every `waitpid` of lockrun happens here, with `-1`: as PID 1 (a container) or
+//! subreaper, lockrun reaps every orphan. ESRCH from a signal means the target is
+//! already gone and is not an error.
 //!
 //! A forwarded signal that was ignored when lockrun started (`nohup` ignores SIGHUP,
 //! `trap '' INT` SIGINT) gets no handler: lockrun neither forwards it nor dies of it,
 //! and since exec keeps an ignored disposition (only handled signals are reset), the
 //! command inherits it ignored too, as it would without lockrun in between.
 
-use std::ffi::OsString;
+mod cgroup;
+mod guard;
+mod tree;
+mod wire;
+
 use std::io;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
+use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{getpid, getppid, Pid};
 use tokio::signal::unix::{signal, Signal as SignalStream, SignalKind};
+
+pub use guard::{Boundary, Guard};
+pub use wire::FromGuard;
 
 /// How the command's leader process ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,15 +62,17 @@ pub enum SpawnError {
     NotFound(io::Error),
     /// Found but not executable (exit status 126).
     CannotExecute(io::Error),
+    /// The guard could not start it (exit status 125): it is dead or did not answer.
+    Guard(io::Error),
 }
 
 /// A change lockrun makes to its own environment for the command.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EnvChange {
     /// Set this variable to this value.
-    Set(&'static str, String),
+    Set(String, String),
     /// Leave this variable out.
-    Remove(&'static str),
+    Remove(String),
 }
 
 /// Makes lockrun the reaper of its orphaned descendants (`PR_SET_CHILD_SUBREAPER`).
@@ -62,45 +80,81 @@ pub fn become_subreaper() -> nix::Result<()> {
     nix::sys::prctl::set_child_subreaper(true)
 }
 
-/// A running command: the leader of its own process group.
+/// The running job: the command (leader of its own process group), everything it
+/// started, and the guard above them.
 #[derive(Debug)]
-pub struct Group {
+pub struct Job {
+    guard: Guard,
     leader: Pid,
+    boundary: Boundary,
+    guard_gone: bool,
 }
 
-impl Group {
-    /// Starts `argv` in a new process group with lockrun's environment changed by
-    /// `env`, stdio inherited, and SIGKILL as its parent-death signal.
-    pub fn spawn(argv: &[OsString], env: &[EnvChange]) -> Result<Group, SpawnError> {
-        let (program, args) = argv.split_first().ok_or_else(|| {
-            SpawnError::NotFound(io::Error::new(io::ErrorKind::NotFound, "empty command"))
-        })?;
-        let mut cmd = Command::new(program);
-        cmd.args(args).process_group(0);
-        for change in env {
-            match change {
-                EnvChange::Set(k, v) => cmd.env(k, v),
-                EnvChange::Remove(k) => cmd.env_remove(k),
-            };
-        }
-        set_death_signal(&mut cmd, getpid());
-        match cmd.spawn() {
-            // The std Child handle is dropped without waiting: reaping happens in
-            // [`reap`], for every child at once.
-            Ok(child) => Ok(Group {
-                leader: Pid::from_raw(child.id() as i32),
-            }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(SpawnError::NotFound(e)),
-            Err(e) => Err(SpawnError::CannotExecute(e)),
-        }
+impl Job {
+    /// Has `guard` start the command with lockrun's environment changed by `env`,
+    /// handing it `hold` (descriptors that hold the lock) to keep while the job lives.
+    pub fn start(
+        guard: Guard,
+        env: &[EnvChange],
+        hold: &[RawFd],
+        timeout: Duration,
+    ) -> Result<Job, SpawnError> {
+        let spawned = guard.spawn(env, hold, timeout)?;
+        Ok(Job {
+            guard,
+            leader: spawned.leader,
+            boundary: spawned.boundary,
+            guard_gone: false,
+        })
     }
 
-    /// The leader's pid, which is also the process group id.
+    /// The command's pid, which is also its process group id.
     pub fn leader(&self) -> Pid {
         self.leader
     }
 
-    /// Sends `sig` to every process of the group. A group already gone is fine.
+    /// The guard's pid.
+    pub fn guard_pid(&self) -> Pid {
+        self.guard.pid()
+    }
+
+    /// Where the job is held.
+    pub fn boundary(&self) -> &Boundary {
+        &self.boundary
+    }
+
+    /// The socket to the guard: readable when it reports, at end of file when it died.
+    pub fn guard_socket(&self) -> BorrowedFd<'_> {
+        self.guard.socket()
+    }
+
+    /// The guard's next report, if one is there; `Err` once the guard is gone.
+    pub fn report(&self) -> io::Result<Option<FromGuard>> {
+        self.guard.try_report()
+    }
+
+    /// The guard died: from now on the job is lockrun's own descendants (lockrun is
+    /// their subreaper).
+    pub fn guard_lost(&mut self) {
+        self.guard_gone = true;
+    }
+
+    /// True once the guard died.
+    pub fn is_guard_lost(&self) -> bool {
+        self.guard_gone
+    }
+
+    /// Whose descendants the job is.
+    fn root(&self) -> i32 {
+        if self.guard_gone {
+            getpid().as_raw()
+        } else {
+            self.guard.pid().as_raw()
+        }
+    }
+
+    /// Sends `sig` to every process of the job: the command's group at once, then every
+    /// other descendant; SIGKILL through the cgroup too. Waits on nothing.
     pub fn signal(&self, sig: Signal) {
         match killpg(self.leader, sig) {
             Ok(()) | Err(Errno::ESRCH) => {}
@@ -111,28 +165,51 @@ impl Group {
                 &[],
             ),
         }
+        if sig == Signal::SIGKILL {
+            if let Boundary::Cgroup(c) = &self.boundary {
+                let _ = c.kill();
+            }
+        }
+        tree::signal(self.root(), sig, Some(self.leader.as_raw()));
     }
 
-    /// True when no process of the group is left (zombies of lockrun's own must have
-    /// been reaped first, see [`reap`]).
+    /// True when no process of the job runs any more (zombies do not count).
     pub fn is_empty(&self) -> bool {
-        killpg(self.leader, None) == Err(Errno::ESRCH)
+        let root = self.root();
+        let me = getpid().as_raw();
+        let guard = self.guard.pid().as_raw();
+        tree::live_descendants(root)
+            .iter()
+            .all(|p| root == me && p.pid == guard)
+    }
+
+    /// Tells the guard the job is over: it lets go of the lock's descriptors and exits.
+    pub fn done(&self) {
+        if !self.guard_gone {
+            self.guard.done();
+        }
     }
 }
 
-/// Between fork and exec: ask for SIGKILL when lockrun dies, and close the race where
-/// lockrun died before the request was made.
+/// Between fork and exec of the command (in the guard): ask for SIGKILL when the guard
+/// dies, never run if it is gone already, join the cgroup if there is one (through
+/// `procs`, its `cgroup.procs` open for writing), and start with no signal blocked.
 #[allow(unsafe_code)]
-fn set_death_signal(cmd: &mut Command, parent: Pid) {
+fn prepare_child(cmd: &mut Command, parent: Pid, procs: Option<RawFd>) {
     // SAFETY: the closure runs in the forked child before exec. It makes only
-    // async-signal-safe system calls (prctl, getppid, sigprocmask) and does not
+    // async-signal-safe system calls (prctl, getppid, write, sigprocmask) and does not
     // allocate or take locks.
     unsafe {
         cmd.pre_exec(move || {
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)?;
             if getppid() != parent {
-                // lockrun is already gone: never run the command without the lock.
+                // The guard is already gone: never run the command unguarded.
                 return Err(io::Error::from(Errno::ESRCH));
+            }
+            if let Some(fd) = procs {
+                // "0" is the writer itself. A refusal leaves the command out of the
+                // cgroup; the guard checks where it landed.
+                let _ = nix::unistd::write(BorrowedFd::borrow_raw(fd), b"0");
             }
             nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
                 .map_err(io::Error::from)?;
@@ -141,17 +218,29 @@ fn set_death_signal(cmd: &mut Command, parent: Pid) {
     }
 }
 
-/// Reaps every child that has ended (the leader, orphans re-parented to lockrun, any
-/// zombie when lockrun is PID 1) and returns the leader's exit if it was among them.
-pub fn reap(leader: Pid) -> Option<ChildExit> {
-    let mut found = None;
+/// What lockrun's own reaping found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reaped {
+    /// The guard ended.
+    pub guard: bool,
+    /// The command ended (seen by lockrun only once the guard is gone).
+    pub leader: Option<ChildExit>,
+}
+
+/// Reaps every child of lockrun that has ended: the guard, orphans re-parented to
+/// lockrun (after the guard's death, or any zombie when lockrun is PID 1).
+pub fn reap(guard: Pid, leader: Pid) -> Reaped {
+    let mut found = Reaped::default();
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(pid, _) | WaitStatus::Signaled(pid, _, _)) if pid == guard => {
+                found.guard = true;
+            }
             Ok(WaitStatus::Exited(pid, code)) if pid == leader => {
-                found = Some(ChildExit::Code(u8::try_from(code).unwrap_or(255)));
+                found.leader = Some(ChildExit::Code(u8::try_from(code).unwrap_or(255)));
             }
             Ok(WaitStatus::Signaled(pid, sig, _core)) if pid == leader => {
-                found = Some(ChildExit::Signal(sig as i32));
+                found.leader = Some(ChildExit::Signal(sig as i32));
             }
             Ok(WaitStatus::StillAlive) | Err(_) => return found,
             Ok(_) => {}

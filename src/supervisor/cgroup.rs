@@ -1,0 +1,183 @@
+//! The job's own cgroup v2, where lockrun can make one: the stronger boundary. Part of
+//! [`super`]; depends on `nix` only.
+//!
+//! A cgroup holds every process forked inside it, whatever it does to its session, its
+//! group or its parent, and `cgroup.kill` (Linux 5.14) SIGKILLs all of them at once, a
+//! process forking at that moment included. lockrun makes `lockrun-PID` below its own
+//! cgroup (the `0::` line of `/proc/self/cgroup`, under the cgroup2 mount of
+//! `/proc/self/mountinfo`) when it may: root with a writable hierarchy, or a subtree
+//! delegated to it (systemd's `Delegate=yes`). Anything else (no cgroup2 mount, a
+//! read-only one in a container, no write permission, no `cgroup.kill`) leaves the job
+//! to the process tree, which is always used as well.
+//!
+//! lockrun's own cgroup has processes (lockrun), so it cannot have controllers enabled
+//! for its children (cgroup v2's "no internal processes" rule): the new cgroup limits
+//! nothing, it only holds the job. It is removed once the job is gone.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use nix::libc;
+
+/// A cgroup made for one job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cgroup {
+    /// Its directory in the cgroup2 file system.
+    dir: PathBuf,
+    /// Its path as `/proc/PID/cgroup` shows it (`/x/lockrun-123`).
+    path: String,
+}
+
+impl Cgroup {
+    /// Makes `lockrun-ID` below this process's own cgroup, if that can be done and the
+    /// kernel has `cgroup.kill`.
+    pub fn create(id: u32) -> Option<Cgroup> {
+        let own = own_cgroup()?;
+        let (mount, root) = cgroup2_mount()?;
+        let rel = own.strip_prefix(root.trim_end_matches('/')).unwrap_or(&own);
+        let base = mount.join(rel.trim_start_matches('/'));
+        let name = format!("lockrun-{id}");
+        let dir = base.join(&name);
+        if let Err(e) = fs::create_dir(&dir) {
+            // Left by an earlier lockrun with this pid that could not clean up: reuse
+            // it only if it is empty (rmdir fails on a cgroup with processes).
+            if e.kind() != io::ErrorKind::AlreadyExists || fs::remove_dir(&dir).is_err() {
+                return None;
+            }
+            fs::create_dir(&dir).ok()?;
+        }
+        let cg = Cgroup {
+            path: format!("{}/{name}", own.trim_end_matches('/')),
+            dir,
+        };
+        if !cg.dir.join("cgroup.kill").exists() {
+            cg.remove();
+            return None;
+        }
+        Some(cg)
+    }
+
+    /// A cgroup known by its directory (what the guard tells lockrun).
+    pub fn at(dir: PathBuf, path: String) -> Cgroup {
+        Cgroup { dir, path }
+    }
+
+    /// Its directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Its path within the hierarchy.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// `cgroup.procs`, open for writing: a process that writes `0` into it joins.
+    pub fn procs_for_joining(&self) -> io::Result<File> {
+        OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(self.dir.join("cgroup.procs"))
+    }
+
+    /// True if process `pid` is in this cgroup.
+    pub fn contains(&self, pid: i32) -> bool {
+        fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .map(|t| t.lines().any(|l| l.strip_prefix("0::") == Some(&self.path)))
+            .unwrap_or(false)
+    }
+
+    /// SIGKILLs every process in it, at once.
+    pub fn kill(&self) -> io::Result<()> {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(self.dir.join("cgroup.kill"))?;
+        f.write_all(b"1")
+    }
+
+    /// The pids in it now.
+    pub fn pids(&self) -> Vec<i32> {
+        fs::read_to_string(self.dir.join("cgroup.procs"))
+            .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Removes it (it must be empty); a failure leaves an empty directory behind.
+    pub fn remove(&self) {
+        let _ = fs::remove_dir(&self.dir);
+    }
+}
+
+/// This process's cgroup v2 path (`0::/path` in `/proc/self/cgroup`).
+fn own_cgroup() -> Option<String> {
+    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_owned)
+}
+
+/// Where the cgroup2 file system is mounted, and which cgroup is the mount's root.
+fn cgroup2_mount() -> Option<(PathBuf, String)> {
+    let text = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    text.lines().find_map(parse_mountinfo_line)
+}
+
+/// One `/proc/self/mountinfo` line: `ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS... - TYPE ...`.
+fn parse_mountinfo_line(line: &str) -> Option<(PathBuf, String)> {
+    let (before, after) = line.split_once(" - ")?;
+    if after.split_whitespace().next()? != "cgroup2" {
+        return None;
+    }
+    let mut f = before.split_whitespace();
+    let root = f.nth(3)?;
+    let mount = f.next()?;
+    Some((PathBuf::from(unescape(mount)), unescape(root)))
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal (`\040`).
+fn unescape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('\\') {
+        out.push_str(&rest[..i]);
+        let code = rest
+            .get(i + 1..i + 4)
+            .and_then(|o| u8::from_str_radix(o, 8).ok());
+        match code {
+            Some(c) => {
+                out.push(char::from(c));
+                rest = &rest[i + 4..];
+            }
+            None => {
+                out.push('\\');
+                rest = &rest[i + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cgroup2_line_of_mountinfo_gives_mount_point_and_root() {
+        let l = "35 25 0:30 / /sys/fs/cgroup/unified rw,relatime shared:10 - cgroup2 cgroup2 rw";
+        assert_eq!(
+            parse_mountinfo_line(l),
+            Some((PathBuf::from("/sys/fs/cgroup/unified"), "/".to_owned()))
+        );
+        let v1 = "36 25 0:31 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory";
+        assert_eq!(parse_mountinfo_line(v1), None);
+        let escaped = "1 2 0:3 /a\\040b /mnt/c\\040g rw - cgroup2 none rw";
+        assert_eq!(
+            parse_mountinfo_line(escaped),
+            Some((PathBuf::from("/mnt/c g"), "/a b".to_owned()))
+        );
+    }
+}
