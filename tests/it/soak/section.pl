@@ -29,7 +29,19 @@ $SIG{__WARN__} = sub { };
 my $h = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$ENV{SOAK_HARNESS}", Proto => 'tcp')
   or exit 90;
 sub report { syswrite($h, "$_[0]\n") }
-report("S $tok " . getppid() . " $$ $t0 $slot");
+# lockrun's pid: the parent, or the parent's parent when the parent is lockrun's guard.
+sub lockrun_pid {
+  my $p = getppid();
+  open(my $c, '<', "/proc/$p/comm") or return $p;
+  my $comm = <$c> // '';
+  chomp $comm;
+  return $p unless $comm eq 'lockrun-guard';
+  open(my $s, '<', "/proc/$p/stat") or return $p;
+  my $stat = <$s> // '';
+  $stat =~ s/^.*\) //;
+  return (split ' ', $stat)[1];
+}
+report("S $tok " . lockrun_pid() . " $$ $t0 $slot");
 my $st = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$ENV{SOAK_STORE}", Proto => 'tcp')
   or exit 91;
 $st->autoflush(1);
