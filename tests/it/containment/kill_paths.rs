@@ -29,7 +29,8 @@ use crate::support::*;
 enum Kill {
     /// SIGKILL from the test.
     Sigkill,
-    /// `timeout -s KILL 3 lockrun ...`.
+    /// `timeout -s KILL 60 lockrun ...`, its time run out (SIGALRM, the very signal
+    /// its own timer sends it, so that the test does not race the job's start).
     Timeout,
     /// `unshare --pid --fork --mount-proc lockrun ...`, lockrun (PID 1 in there)
     /// SIGKILLed from outside.
@@ -81,7 +82,7 @@ fn case(b: &Backend, kill: Kill, on: On, shape: Shape, name: &str) -> String {
     let mut cmd = b.run(name, &opts, &job.command());
     job.env(&mut cmd);
     let cmd = match kill {
-        Kill::Timeout => wrapped(&["timeout", "-s", "KILL", "3"], &cmd),
+        Kill::Timeout => wrapped(&["timeout", "-s", "KILL", "60"], &cmd),
         Kill::PidNamespaceInit => wrapped(&["unshare", "--pid", "--fork", "--mount-proc"], &cmd),
         Kill::Sigkill | Kill::Oom | Kill::Guard => cmd,
     };
@@ -116,7 +117,7 @@ fn case(b: &Backend, kill: Kill, on: On, shape: Shape, name: &str) -> String {
     let mut memcg = None;
     match kill {
         Kill::Sigkill | Kill::PidNamespaceInit => signal_pid(lockrun_pid, Signal::SIGKILL),
-        Kill::Timeout => {}
+        Kill::Timeout => signal_pid(outer.pid(), Signal::SIGALRM),
         Kill::Oom => memcg = Some(MemCg::oom_kill(lockrun_pid, &what)),
         Kill::Guard => signal_pid(guard.unwrap(), Signal::SIGKILL),
     }
