@@ -3,6 +3,8 @@
 //! here), the job runs in a child cgroup `lockrun-PID` of lockrun's own, removed once
 //! the run is over; run unprivileged, the process tree (the guard as the job's
 //! subreaper) holds it, and still nothing of the job outlives a SIGKILLed lockrun.
+//! Either way the command inherits what it did before the guard: its stdio and nothing
+//! else (no descriptor of the guard's, no lock file).
 
 use std::fs;
 use std::os::unix::fs::chown;
@@ -148,4 +150,54 @@ fn unprivileged_lockrun_sigkilled_leaves_no_process_of_any_job_shape() {
         format!("{}: {:?}", shape.name(), deaths.last)
     });
     eprintln!("unprivileged SIGKILL on file: {}", figures.join("; "));
+}
+
+#[test]
+fn the_command_inherits_its_stdio_and_no_other_descriptor() {
+    // lockrun is spawned with stdin, stdout and stderr only; the guard between lockrun
+    // and the command (its socket, the lock file it holds) must not show through.
+    for b in [
+        Backend::new(FileService::start()),
+        Backend::new(RedisServer::start()),
+    ] {
+        // (perl opens nothing of its own for `-e`; a shell may keep one of its own.)
+        let list = r#"for (0..1023) { print "$_\n" if open(my $f, "<&=", $_) }"#;
+        let f = run(b.run("job", &[], &["perl", "-e", list]));
+        f.assert_code(0);
+        let mut fds: Vec<u32> = f
+            .stdout
+            .split_whitespace()
+            .filter_map(|fd| fd.parse().ok())
+            .collect();
+        fds.sort_unstable();
+        assert_eq!(
+            fds,
+            inherited_fds(),
+            "the command's descriptors:\n{}",
+            f.stdout
+        );
+    }
+}
+
+/// The descriptors a process spawned by the test inherits: its stdio, and whatever the
+/// test itself inherited without close-on-exec (from the shell that ran `cargo test`;
+/// `/proc/self/fdinfo/N` shows O_CLOEXEC, 02000000, among the flags of a descriptor
+/// closed on exec).
+fn inherited_fds() -> Vec<u32> {
+    let mut fds = vec![0, 1, 2];
+    for e in fs::read_dir("/proc/self/fdinfo").unwrap().flatten() {
+        let Ok(fd) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let info = fs::read_to_string(e.path()).unwrap_or_default();
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .and_then(|f| u32::from_str_radix(f.trim(), 8).ok());
+        if fd > 2 && flags.is_some_and(|f| f & 0o2_000_000 == 0) {
+            fds.push(fd);
+        }
+    }
+    fds.sort_unstable();
+    fds
 }
