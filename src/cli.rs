@@ -185,8 +185,8 @@ pub struct RunArgs {
     )]
     pub kill_signal: String,
 
-    /// Escalate to SIGKILL this long after the kill signal, or at the lease deadline,
-    /// whichever comes first. At most 24h.
+    /// Escalate to SIGKILL this long after the kill signal or a signal forwarded to the
+    /// command, or at the lease deadline, whichever comes first. At most 24h.
     #[arg(long, env = "LOCKRUN_KILL_AFTER", default_value = "10s", value_parser = |s: &str| bounds::KILL_AFTER.parse(s), value_name = "DURATION")]
     pub kill_after: Duration,
 

@@ -38,6 +38,12 @@ impl BootInstant {
         BootInstant(since_boot)
     }
 
+    /// Time since boot (what another process compares with its own reading of
+    /// `CLOCK_BOOTTIME`).
+    pub fn since_boot(self) -> Duration {
+        self.0
+    }
+
     /// Time from `earlier` to `self`, zero if `earlier` is later.
     pub fn saturating_since(self, earlier: BootInstant) -> Duration {
         self.0.saturating_sub(earlier.0)

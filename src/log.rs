@@ -15,7 +15,7 @@
 //! [`flush`] waits a bounded time for the queue at exit, so lockrun's own exit is
 //! bounded too.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
@@ -239,66 +239,73 @@ struct Writer {
 
 static WRITER: OnceLock<Writer> = OnceLock::new();
 
+/// Set by [`start_writer`]: lines may go through a writer thread from now on.
+static THREADS_ALLOWED: AtomicBool = AtomicBool::new(false);
+
 /// Lines dropped since the last report of them.
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 
-/// Starts the thread that writes lines from now on, so that [`emit`] never blocks.
-/// Call it once the process may have threads (after lockrun forked its guard).
+/// From now on, lines go through a thread of their own, so that [`emit`] never blocks.
+/// Call it once the process may have threads (after lockrun forked its guard). The
+/// thread starts with the first line written (a quiet run that succeeds has none).
 pub fn start_writer() {
-    let (queue, lines) = sync_channel(QUEUE);
-    let writer = Writer {
-        queue,
-        pending: Mutex::new(0),
-        written: Condvar::new(),
-    };
-    if WRITER.set(writer).is_err() {
-        return;
+    THREADS_ALLOWED.store(true, Ordering::Release);
+}
+
+/// The writer thread's queue, the thread started on first use.
+fn writer() -> Option<&'static Writer> {
+    if !THREADS_ALLOWED.load(Ordering::Acquire) {
+        return None;
     }
-    let spawned = std::thread::Builder::new()
-        .name("lockrun-log".into())
-        .spawn(move || write_lines(lines));
-    if spawned.is_err() {
-        // No thread: lines stay queued and are counted as dropped at exit; the kill
-        // path still never waits on stderr.
-        DROPPED.fetch_add(1, Ordering::Relaxed);
-    }
+    Some(WRITER.get_or_init(|| {
+        let (queue, lines) = sync_channel(QUEUE);
+        let spawned = std::thread::Builder::new()
+            .name("lockrun-log".into())
+            .spawn(move || write_lines(lines));
+        if spawned.is_err() {
+            // No thread: queued lines are lost; the kill path still never waits on
+            // stderr.
+            DROPPED.fetch_add(1, Ordering::Relaxed);
+        }
+        Writer {
+            queue,
+            pending: Mutex::new(0),
+            written: Condvar::new(),
+        }
+    }))
 }
 
 /// The writer thread: writes each line, and after a line that went through, says how
 /// many were dropped before it.
 fn write_lines(lines: Receiver<Vec<u8>>) {
-    let Some(writer) = WRITER.get() else {
-        return;
-    };
     for line in lines {
         write_stderr(&line);
         let dropped = DROPPED.swap(0, Ordering::Relaxed);
         if dropped > 0 {
             let msg = format!("{dropped} log line(s) dropped: stderr did not take them in time");
             let fields = [("dropped", Value::from(dropped))];
-            let logger = LOGGER.get();
             let fallback = Logger::new(Format::Text, Level::Warn, "");
-            if let Some(l) =
-                logger
-                    .unwrap_or(&fallback)
-                    .render(Level::Warn, Event::LogDropped, &msg, &fields)
-            {
+            let logger = LOGGER.get().unwrap_or(&fallback);
+            if let Some(l) = logger.render(Level::Warn, Event::LogDropped, &msg, &fields) {
                 write_stderr(format!("{l}\n").as_bytes());
             }
         }
-        let mut pending = writer
-            .pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        *pending = pending.saturating_sub(1);
-        writer.written.notify_all();
+        // The queue's owner is set before its first line can be sent.
+        if let Some(writer) = WRITER.get() {
+            let mut pending = writer
+                .pending
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            *pending = pending.saturating_sub(1);
+            writer.written.notify_all();
+        }
     }
 }
 
 /// Queues `line` for the writer thread (never waiting), or writes it at once when
 /// there is no writer thread.
 fn write_line(line: Vec<u8>) {
-    let Some(writer) = WRITER.get() else {
+    let Some(writer) = writer() else {
         write_stderr(&line);
         return;
     };

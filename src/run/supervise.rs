@@ -17,7 +17,7 @@ use super::{request_timeout, Ended, LeaseAtEnd};
 use crate::backend::{Backend, BackendError};
 use crate::clock::{BootInstant, Timer};
 use crate::config::RunConfig;
-use crate::lease::{Event, GroupSignal, Machine, Params, Stop, StopReason};
+use crate::lease::{Event, GroupSignal, Lease, Machine, Params, Stop, StopReason};
 use crate::log::{emit, Event as LogEvent, Level};
 use crate::outcome::Outcome;
 use crate::supervisor::{reap, ChildExit, FromGuard, Job, Received, Signals};
@@ -55,6 +55,10 @@ pub(super) async fn supervise<B: Backend>(
     let reports = watch_guard(job);
     let mut end = JobEnd::default();
     let mut failures = 0u32;
+    let mut told_guard = lease_deadline(&machine);
+    if let Some(d) = told_guard {
+        job.set_deadline(d.since_boot());
+    }
     loop {
         if (end.leader.is_some() || job.is_guard_lost()) && end.empty {
             break;
@@ -107,6 +111,14 @@ pub(super) async fn supervise<B: Backend>(
         }
         let now = BootInstant::now();
         let actions = machine.step(event.unwrap_or(Event::Tick), now);
+        let deadline = lease_deadline(&machine);
+        if deadline != told_guard {
+            // The guard's own kill at the deadline, should lockrun be stopped then.
+            if let Some(d) = deadline {
+                job.set_deadline(d.since_boot());
+            }
+            told_guard = deadline;
+        }
         if let Some(signal) = actions.signal {
             carry_out(cfg, job, signal);
         }
@@ -130,6 +142,14 @@ pub(super) async fn supervise<B: Backend>(
     Ended {
         outcome: outcome(&machine, end.leader),
         lease,
+    }
+}
+
+/// The lease's deadline as the machine knows it: SIGKILL is due by then.
+fn lease_deadline(machine: &Machine) -> Option<BootInstant> {
+    match machine.lease() {
+        Lease::Held { deadline, .. } | Lease::Lost { deadline } => Some(deadline),
+        Lease::Expired => None,
     }
 }
 

@@ -38,15 +38,22 @@ impl Cgroup {
         let (mount, root) = cgroup2_mount()?;
         let rel = own.strip_prefix(root.trim_end_matches('/')).unwrap_or(&own);
         let base = mount.join(rel.trim_start_matches('/'));
-        let name = format!("lockrun-{id}");
-        let dir = base.join(&name);
+        let mut name = format!("lockrun-{id}");
+        let mut dir = base.join(&name);
         if let Err(e) = fs::create_dir(&dir) {
-            // Left by an earlier lockrun with this pid that could not clean up: reuse
-            // it only if it is empty (rmdir fails on a cgroup with processes).
-            if e.kind() != io::ErrorKind::AlreadyExists || fs::remove_dir(&dir).is_err() {
+            if e.kind() != io::ErrorKind::AlreadyExists {
                 return None;
             }
-            fs::create_dir(&dir).ok()?;
+            // Left by an earlier lockrun with this pid that could not clean up (it is
+            // removed if empty), or another PID namespace's lockrun with the same pid
+            // in this cgroup: a name of its own then.
+            if fs::remove_dir(&dir).is_err() || fs::create_dir(&dir).is_err() {
+                let mut salt = [0u8; 4];
+                getrandom::fill(&mut salt).ok()?;
+                name = format!("lockrun-{id}-{:08x}", u32::from_ne_bytes(salt));
+                dir = base.join(&name);
+                fs::create_dir(&dir).ok()?;
+            }
         }
         let cg = Cgroup {
             path: format!("{}/{name}", own.trim_end_matches('/')),
@@ -74,19 +81,12 @@ impl Cgroup {
         &self.path
     }
 
-    /// `cgroup.procs`, open for writing: a process that writes `0` into it joins.
-    pub fn procs_for_joining(&self) -> io::Result<File> {
+    /// Its directory, open (for `clone3`'s `CLONE_INTO_CGROUP`).
+    pub fn open_dir(&self) -> io::Result<File> {
         OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(self.dir.join("cgroup.procs"))
-    }
-
-    /// True if process `pid` is in this cgroup.
-    pub fn contains(&self, pid: i32) -> bool {
-        fs::read_to_string(format!("/proc/{pid}/cgroup"))
-            .map(|t| t.lines().any(|l| l.strip_prefix("0::") == Some(&self.path)))
-            .unwrap_or(false)
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_DIRECTORY)
+            .open(&self.dir)
     }
 
     /// SIGKILLs every process in it, at once.

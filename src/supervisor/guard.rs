@@ -37,7 +37,7 @@
 
 use std::ffi::OsString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::Duration;
@@ -51,6 +51,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, getpid, getppid, setpgid, ForkResult, Pid};
 
 use super::cgroup::Cgroup;
+use super::spawn::{spawn_into, Exec, Refused};
 use super::wire::{self, FromGuard, ToGuard};
 use super::{tree, ChildExit, EnvChange, SpawnError, FORWARDED};
 
@@ -167,6 +168,11 @@ impl Guard {
         }
     }
 
+    /// Gives the guard the lease's deadline (see [`super::Job::set_deadline`]).
+    pub fn deadline(&self, since_boot: Duration) {
+        let _ = wire::send_now(self.sock.as_fd(), &ToGuard::Deadline(since_boot));
+    }
+
     /// Tells the guard the run is over: it lets go of the lock's descriptors and exits.
     pub fn done(&self) {
         let _ = wire::send(self.sock.as_fd(), &ToGuard::Done, &[]);
@@ -196,18 +202,32 @@ fn guard_main(sock: OwnedFd, argv: Vec<OsString>, lockrun: Pid) -> ! {
     else {
         exit_now(1)
     };
-    // lockrun died before it got here (or never asks): nothing to guard.
+    // The cgroup is made while lockrun takes the lock, off its way.
+    let cgroup = Cgroup::create(lockrun.as_raw() as u32);
+    let give_up = |cgroup: Option<Cgroup>| -> ! {
+        if let Some(c) = cgroup {
+            c.remove();
+        }
+        exit_now(0)
+    };
+    // lockrun died before it got here (or never asks: the lock was busy): nothing to
+    // guard.
     let (env, hold) = match wire::recv_to_guard(sock.as_fd(), true) {
         Ok(Some((ToGuard::Spawn(env), hold))) => (env, hold),
-        _ => exit_now(0),
+        _ => give_up(cgroup),
     };
     if getppid() != lockrun {
-        exit_now(0);
+        give_up(cgroup);
     }
-    let cgroup = Cgroup::create(lockrun.as_raw() as u32);
     let leader = match start_command(&argv, &env, cgroup.as_ref()) {
         Ok((leader, joined)) => {
-            let cgroup = cgroup.filter(|_| joined);
+            let cgroup = match cgroup {
+                Some(c) if !joined => {
+                    c.remove();
+                    None
+                }
+                other => other,
+            };
             let report = FromGuard::Spawned {
                 pid: leader.as_raw(),
                 cgroup: cgroup
@@ -232,13 +252,23 @@ fn guard_main(sock: OwnedFd, argv: Vec<OsString>, lockrun: Pid) -> ! {
     watch(&sock, &sfd, leader.0, leader.1.as_ref(), hold)
 }
 
-/// Starts the command as the guard's child, leader of a new process group, in `cgroup`
-/// when there is one. Returns its pid and whether it joined the cgroup.
+/// Starts the command as the guard's child, leader of a new process group: born in
+/// `cgroup` when there is one and `clone3` may be used. Returns its pid and whether
+/// it is in the cgroup.
 fn start_command(
     argv: &[OsString],
     env: &[EnvChange],
     cgroup: Option<&Cgroup>,
 ) -> io::Result<(Pid, bool)> {
+    if let Some(dir) = cgroup.and_then(|c| c.open_dir().ok()) {
+        let exec = Exec::new(argv, env)?;
+        match spawn_into(&exec, dir.as_fd(), getpid()) {
+            Ok(pid) => return Ok((pid, true)),
+            Err(Refused::Exec(e)) => return Err(e),
+            // No clone3 here: std's spawn, and the process tree alone.
+            Err(Refused::Clone) => {}
+        }
+    }
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "empty command"))?;
@@ -250,17 +280,15 @@ fn start_command(
             EnvChange::Remove(k) => cmd.env_remove(k),
         };
     }
-    let procs = cgroup.and_then(|c| c.procs_for_joining().ok());
-    super::prepare_child(&mut cmd, getpid(), procs.as_ref().map(|f| f.as_raw_fd()));
+    super::prepare_child(&mut cmd, getpid());
     let child = cmd.spawn()?;
-    let pid = Pid::from_raw(child.id() as i32);
     // The std handle is dropped without waiting: [`watch`] reaps every child.
-    drop(child);
-    let joined = cgroup.is_some_and(|c| c.contains(pid.as_raw()));
-    Ok((pid, joined))
+    Ok((Pid::from_raw(child.id() as i32), false))
 }
 
-/// Reports the job's end to lockrun, and kills the job if lockrun dies first.
+/// Reports the job's end to lockrun; kills the job at the lease deadline lockrun last
+/// gave if lockrun has not moved it (lockrun stopped, or stuck), and kills it for good
+/// if lockrun dies.
 fn watch(
     sock: &OwnedFd,
     sfd: &SignalFd,
@@ -270,14 +298,30 @@ fn watch(
 ) -> ! {
     let mut leader_reported = false;
     let mut empty_reported = false;
+    let mut deadline: Option<Duration> = None;
     loop {
         let mut fds = [
             PollFd::new(sock.as_fd(), PollFlags::POLLIN),
             PollFd::new(sfd.as_fd(), PollFlags::POLLIN),
         ];
-        match poll(&mut fds, PollTimeout::NONE) {
+        let timeout = match deadline {
+            None => PollTimeout::NONE,
+            Some(d) => {
+                let left = d.saturating_sub(since_boot());
+                // Rounded up: never wake before the deadline and spin.
+                let ms = left.as_nanos().div_ceil(1_000_000);
+                PollTimeout::from(u16::try_from(ms).unwrap_or(u16::MAX))
+            }
+        };
+        match poll(&mut fds, timeout) {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(_) => contain_and_exit(cgroup, hold),
+        }
+        if deadline.is_some_and(|d| since_boot() >= d) {
+            // lockrun would have sent SIGKILL by now: it is stopped or stuck. The
+            // job must not outlive the lease; lockrun sees it gone when it runs again.
+            deadline = None;
+            kill_job(cgroup);
         }
         while let Ok(Some(_)) = sfd.read_signal() {}
         let (exit, empty) = reap(leader);
@@ -291,17 +335,35 @@ fn watch(
         }
         let sock_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
         if sock_ready {
-            match wire::recv_to_guard(sock.as_fd(), false) {
-                // The run is over: lockrun saw the job empty and now releases the lock.
-                Ok(Some((ToGuard::Done, _))) => contain_and_exit(cgroup, hold),
-                Ok(Some((ToGuard::Spawn(_), _))) => {}
-                // Not yet a whole message.
-                Err(e) if e.raw_os_error() == Some(Errno::EAGAIN as i32) => {}
-                // lockrun is gone: the job must not outlive it.
-                Ok(None) | Err(_) => contain_and_exit(cgroup, hold),
+            loop {
+                match wire::recv_to_guard(sock.as_fd(), false) {
+                    Ok(Some((ToGuard::Deadline(d), _))) => deadline = Some(d),
+                    // The run is over: lockrun saw the job empty and now releases the lock.
+                    Ok(Some((ToGuard::Done, _))) if reap(leader).1 => {
+                        if let Some(c) = cgroup {
+                            c.remove();
+                        }
+                        drop(hold);
+                        exit_now(0)
+                    }
+                    Ok(Some((ToGuard::Done, _))) => contain_and_exit(cgroup, hold),
+                    Ok(Some((ToGuard::Spawn(_), _))) => {}
+                    // Nothing more for now.
+                    Err(e) if e.raw_os_error() == Some(Errno::EAGAIN as i32) => break,
+                    // lockrun is gone: the job must not outlive it.
+                    Ok(None) | Err(_) => contain_and_exit(cgroup, hold),
+                }
             }
         }
     }
+}
+
+/// `CLOCK_BOOTTIME`, lockrun's clock for lease deadlines.
+fn since_boot() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .map(Duration::from)
+        // Cannot fail on Linux; a zero only delays the guard's own kill, never lockrun's.
+        .unwrap_or(Duration::ZERO)
 }
 
 /// Reaps every child that ended; returns the leader's exit if it was among them, and
@@ -327,26 +389,36 @@ fn reap(leader: Pid) -> (Option<ChildExit>, bool) {
 /// Kills every process of the job, again until none is left, reaps them, removes the
 /// cgroup and exits (closing `hold`, which lets go of a file lock).
 fn contain_and_exit(cgroup: Option<&Cgroup>, hold: Vec<OwnedFd>) -> ! {
-    let me = getpid().as_raw();
-    let mut pause = Duration::from_micros(200);
-    loop {
-        if let Some(c) = cgroup {
-            let _ = c.kill();
-        }
-        for p in tree::live_descendants(me) {
-            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
-        }
-        if reap(Pid::from_raw(0)).1 {
-            break;
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(10));
+    kill_job(cgroup);
+    while !reap(Pid::from_raw(0)).1 {
+        kill_job(cgroup);
     }
     if let Some(c) = cgroup {
         c.remove();
     }
     drop(hold);
     exit_now(0)
+}
+
+/// SIGKILLs every process of the job (the cgroup at once, and every process below the
+/// guard), again until no live one is left. Zombies are left for [`reap`].
+fn kill_job(cgroup: Option<&Cgroup>) {
+    let me = getpid().as_raw();
+    let mut pause = Duration::from_micros(200);
+    loop {
+        if let Some(c) = cgroup {
+            let _ = c.kill();
+        }
+        let live = tree::live_descendants(me);
+        if live.is_empty() {
+            return;
+        }
+        for p in live {
+            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(10));
+    }
 }
 
 /// Ends the guard without running anything of lockrun's (no destructors, no exit

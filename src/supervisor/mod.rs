@@ -28,6 +28,7 @@
 
 mod cgroup;
 mod guard;
+mod spawn;
 mod tree;
 mod wire;
 
@@ -183,21 +184,33 @@ impl Job {
             .all(|p| root == me && p.pid == guard)
     }
 
-    /// Tells the guard the job is over: it lets go of the lock's descriptors and exits.
+    /// Tells the guard the lease's deadline (time since boot on `CLOCK_BOOTTIME`): if
+    /// lockrun has not sent a later one by then, the guard SIGKILLs the job itself, so a
+    /// stopped or stuck lockrun cannot let the job outlive the lease. Never waits.
+    pub fn set_deadline(&self, since_boot: Duration) {
+        if !self.guard_gone {
+            self.guard.deadline(since_boot);
+        }
+    }
+
+    /// Tells the guard the job is over: it lets go of the lock's descriptors, removes
+    /// the cgroup and exits. With the guard gone, lockrun removes the cgroup itself.
     pub fn done(&self) {
         if !self.guard_gone {
             self.guard.done();
+        } else if let Boundary::Cgroup(c) = &self.boundary {
+            c.remove();
         }
     }
 }
 
-/// Between fork and exec of the command (in the guard): ask for SIGKILL when the guard
-/// dies, never run if it is gone already, join the cgroup if there is one (through
-/// `procs`, its `cgroup.procs` open for writing), and start with no signal blocked.
+/// Between fork and exec of the command (in the guard, when it is not born in a
+/// cgroup, see `spawn.rs`): ask for SIGKILL when the guard dies, never run if it is
+/// gone already, and start with no signal blocked.
 #[allow(unsafe_code)]
-fn prepare_child(cmd: &mut Command, parent: Pid, procs: Option<RawFd>) {
+fn prepare_child(cmd: &mut Command, parent: Pid) {
     // SAFETY: the closure runs in the forked child before exec. It makes only
-    // async-signal-safe system calls (prctl, getppid, write, sigprocmask) and does not
+    // async-signal-safe system calls (prctl, getppid, sigprocmask) and does not
     // allocate or take locks.
     unsafe {
         cmd.pre_exec(move || {
@@ -205,11 +218,6 @@ fn prepare_child(cmd: &mut Command, parent: Pid, procs: Option<RawFd>) {
             if getppid() != parent {
                 // The guard is already gone: never run the command unguarded.
                 return Err(io::Error::from(Errno::ESRCH));
-            }
-            if let Some(fd) = procs {
-                // "0" is the writer itself. A refusal leaves the command out of the
-                // cgroup; the guard checks where it landed.
-                let _ = nix::unistd::write(BorrowedFd::borrow_raw(fd), b"0");
             }
             nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
                 .map_err(io::Error::from)?;

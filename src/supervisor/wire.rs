@@ -3,12 +3,13 @@
 //! [`super`]; depends on `nix` only.
 //!
 //! lockrun → guard: `Spawn` (the command's environment changes, with the descriptors
-//! that hold a file lock as `SCM_RIGHTS`), `Done`. Guard → lockrun: `Spawned` (pid, and
+//! that hold a file lock as `SCM_RIGHTS`), `Deadline` (the lease's), `Done`. Guard → lockrun: `Spawned` (pid, and
 //! the cgroup if the command joined one), `NotFound`/`CannotExecute` (errno), `Exited`
 //! (the command's status, and whether the job was empty then), `Empty`.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
@@ -29,6 +30,9 @@ pub enum ToGuard {
     Spawn(Vec<EnvChange>),
     /// The job is gone and the lock is being released: exit.
     Done,
+    /// SIGKILL the job at this time since boot (`CLOCK_BOOTTIME`), the lease's
+    /// deadline, unless a later one comes first.
+    Deadline(Duration),
 }
 
 /// From the guard to lockrun.
@@ -60,6 +64,12 @@ impl ToGuard {
     fn encode(&self) -> Vec<u8> {
         match self {
             ToGuard::Done => vec![b'D'],
+            ToGuard::Deadline(d) => {
+                let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+                let mut out = vec![b'T'];
+                out.extend_from_slice(&ns.to_le_bytes());
+                out
+            }
             ToGuard::Spawn(env) => {
                 let mut out = vec![b'S'];
                 for change in env {
@@ -84,6 +94,9 @@ impl ToGuard {
         let (&kind, mut rest) = bytes.split_first()?;
         match kind {
             b'D' if rest.is_empty() => Some(ToGuard::Done),
+            b'T' if rest.len() == 8 => Some(ToGuard::Deadline(Duration::from_nanos(
+                u64::from_le_bytes(rest.try_into().ok()?),
+            ))),
             b'S' => {
                 let mut env = Vec::new();
                 while let Some((&op, tail)) = rest.split_first() {
@@ -221,6 +234,20 @@ pub fn send(sock: BorrowedFd<'_>, msg: &impl Message, fds: &[RawFd]) -> io::Resu
     }
 }
 
+/// Sends one message without waiting: a full socket (a stopped guard) drops it.
+pub fn send_now(sock: BorrowedFd<'_>, msg: &impl Message) -> io::Result<()> {
+    let bytes = msg.bytes();
+    let iov = [IoSlice::new(&bytes)];
+    let flags = MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT;
+    loop {
+        match sendmsg::<()>(sock.as_raw_fd(), &iov, &[], flags, None) {
+            Err(Errno::EINTR) => continue,
+            Ok(_) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// Receives one packet: `Ok(None)` at the end of file; the descriptors it carried.
 fn recv(sock: BorrowedFd<'_>, flags: MsgFlags) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
     let mut buf = vec![0u8; MAX_MESSAGE];
@@ -305,6 +332,7 @@ mod tests {
     fn messages_to_the_guard_survive_the_trip() {
         for m in [
             ToGuard::Done,
+            ToGuard::Deadline(Duration::from_nanos(1_234_567_890_123)),
             ToGuard::Spawn(vec![]),
             ToGuard::Spawn(vec![
                 EnvChange::Set("LOCKRUN_FENCING_TOKEN".into(), "42".into()),

@@ -29,17 +29,19 @@ $SIG{__WARN__} = sub { };
 my $h = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$ENV{SOAK_HARNESS}", Proto => 'tcp')
   or exit 90;
 sub report { syswrite($h, "$_[0]\n") }
-# lockrun's pid: the parent, or the parent's parent when the parent is lockrun's guard.
+# lockrun starts the command through its guard (`lockrun-guard`, lockrun's child): the
+# lockrun is the guard's parent.
 sub lockrun_pid {
-  my $p = getppid();
-  open(my $c, '<', "/proc/$p/comm") or return $p;
+  my $pp = getppid();
+  open(my $c, '<', "/proc/$pp/comm") or return $pp;
   my $comm = <$c> // '';
   chomp $comm;
-  return $p unless $comm eq 'lockrun-guard';
-  open(my $s, '<', "/proc/$p/stat") or return $p;
+  return $pp unless $comm eq 'lockrun-guard';
+  open(my $s, '<', "/proc/$pp/stat") or return $pp;
   my $stat = <$s> // '';
   $stat =~ s/^.*\) //;
-  return (split ' ', $stat)[1];
+  my @f = split / /, $stat;
+  return $f[1] // $pp;
 }
 report("S $tok " . lockrun_pid() . " $$ $t0 $slot");
 my $st = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$ENV{SOAK_STORE}", Proto => 'tcp')
