@@ -201,3 +201,55 @@ fn inherited_fds() -> Vec<u32> {
     fds.sort_unstable();
     fds
 }
+
+#[test]
+fn lockruns_in_pid_namespaces_never_share_a_cgroup() {
+    // Every lockrun that is PID 1 of a namespace of its own (containers sharing a
+    // cgroup, `unshare --pid`) would name its job's cgroup `lockrun-1`. A waits for a
+    // busy lock, with its cgroup made and still empty; B, in another namespace, starts
+    // meanwhile. B must not take A's cgroup over (nor A B's once A's command starts):
+    // else B's clean-up, or a kill of B's job, reaches A's job, which runs under a lock
+    // B does not hold.
+    let b = Backend::new(FileService::start());
+    let s = Scratch::new();
+    let reaper = Reaper::default();
+    let (mut holder, _) = hold(b.run("x", &[], &sh(HOLD)), &s);
+    let record = r#"echo $$ > "$PIDFILE"; grep ^0:: /proc/self/cgroup > "$CG"
+                    while [ ! -e "$GO" ]; do sleep 0.01; done"#;
+    let in_namespace = |name: &str, opts: &[&str], tag: &str| {
+        let mut cmd = b.run(name, opts, &sh(record));
+        cmd.env("PIDFILE", s.path(&format!("{tag}.pid")))
+            .env("CG", s.path(&format!("{tag}.cg")))
+            .env("GO", s.path(&format!("{tag}.go")));
+        spawn(wrapped(
+            &["unshare", "--pid", "--fork", "--mount-proc"],
+            &cmd,
+        ))
+    };
+    let mut a = in_namespace("x", &["--wait", "30s"], "a");
+    // Let A make its cgroup and settle into waiting.
+    let settle = Instant::now();
+    while settle.elapsed() < std::time::Duration::from_millis(700) {
+        assert!(a.is_running(), "A ended: {:?}", a.try_finish());
+        std::thread::sleep(POLL);
+    }
+    let mut b_run = in_namespace("y", &[], "b");
+    let b_cgroup = wait_line(&s.path("b.cg"));
+    s.touch("go");
+    holder.wait().assert_code(0);
+    let a_cgroup = wait_line(&s.path("a.cg"));
+    assert_ne!(a_cgroup, b_cgroup, "two lockruns' jobs share a cgroup");
+    // B ends: its clean-up must leave A's command alone.
+    let inner = wait_pid(&s.path("a.pid"));
+    let a_pid = pids_in_namespace_of(only_child(a.pid()))[&inner];
+    reaper.add(a_pid);
+    s.touch("b.go");
+    b_run.wait().assert_code(0);
+    assert!(a.is_running(), "A ended with B: {:?}", a.try_finish());
+    assert!(
+        is_alive(a_pid),
+        "B's clean-up killed A's command (pid {a_pid}), which runs under A's lock"
+    );
+    s.touch("a.go");
+    a.wait().assert_code(0);
+}

@@ -167,7 +167,7 @@ fn as_pid_1_forwarded_term_is_followed_by_sigkill_of_the_whole_job_after_kill_af
         .iter()
         .map(|p| *host.get(p).expect("a job process in the namespace"))
         .collect();
-    let procs = procs_of(&pids);
+    let procs = procs_of(&pids).expect("the job runs");
     procs.iter().for_each(|p| reaper.add(p.pid));
     assert_escalated(&b, &s, un, lockrun_pid, &procs, "TERM to PID 1");
 }

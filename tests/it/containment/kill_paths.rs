@@ -95,16 +95,19 @@ fn case(b: &Backend, kill: Kill, on: On, shape: Shape, name: &str) -> String {
     let mut pids = job.wait_recorded();
     if kill == Kill::PidNamespaceInit {
         let host = pids_in_namespace_of(lockrun_pid);
-        pids = pids
-            .iter()
-            .map(|p| {
-                *host
-                    .get(p)
-                    .unwrap_or_else(|| panic!("{what}: no process {p} in there"))
-            })
-            .collect();
+        let inner = pids;
+        pids = Vec::new();
+        for p in inner {
+            match host.get(&p) {
+                Some(&h) => pids.push(h),
+                None => died_early(&what, p, &mut outer),
+            }
+        }
     }
-    let procs = procs_of(&pids);
+    let procs = procs_of(&pids).unwrap_or_else(|pid| died_early(&what, pid, &mut outer));
+    // (Read from outside a PID namespace too: /proc/PID/cgroup is relative to the
+    // reader's cgroup namespace.)
+    let cgroup = job_cgroup_of(procs[0].pid);
     procs.iter().for_each(|p| reaper.add(p.pid));
     let guard = match kill {
         Kill::Guard => Some(wait_guard(lockrun_pid)),
@@ -174,10 +177,30 @@ fn case(b: &Backend, kill: Kill, on: On, shape: Shape, name: &str) -> String {
             is_dead(g)
         });
     }
+    if let Some(dir) = cgroup.filter(|_| kill != Kill::PidNamespaceInit) {
+        // Nothing left behind: the job's cgroup goes with it. (Not when the namespace's
+        // init dies: the kernel kills the guard with the rest, and the next lockrun of
+        // that name removes the empty cgroup.)
+        wait_until(
+            &format!("{what}: the job's cgroup {} was removed", dir.display()),
+            WAIT,
+            || !dir.exists(),
+        );
+    }
     format!(
         "{}: last process dead {:?} after, next holder ran {ran_after:?} after",
         shape.name(),
         deaths.last
+    )
+}
+
+/// Panics: process `pid` of the job died before the test killed anything (lockrun may
+/// have stopped the job; its stderr tells).
+fn died_early(what: &str, pid: i32, lockrun: &mut Running) -> ! {
+    panic!(
+        "{what}: process {pid} of the job died before the test killed anything; stderr so \
+         far:\n{}",
+        lockrun.stderr_so_far()
     )
 }
 

@@ -6,14 +6,19 @@
 //! holder's check, a command run under the same lock that writes down which processes
 //! of the earlier job are still alive as it starts.
 
-use std::collections::HashMap;
+mod next;
+mod tree;
+
 use std::fs;
 use std::path::PathBuf;
 use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::{sh, spawn, wait_line, wait_until, Reaper, Running, Scratch, WAIT};
+pub use next::*;
+pub use tree::*;
+
+use super::{sh, wait_until, Reaper, Scratch, WAIT};
 
 /// How long after lockrun's death (or the guard's) the last process of its job may be
 /// seen alive. SPEC says 100 ms; the bound is for a loaded 2-core machine, and the
@@ -174,7 +179,8 @@ impl Job {
     /// Waits until every process of the job runs, and returns them, registered with
     /// `reaper` (and the groups they lead) in case they outlive the test.
     pub fn wait_started(&self, reaper: &Reaper) -> Vec<Proc> {
-        let procs = procs_of(&self.wait_recorded());
+        let procs = procs_of(&self.wait_recorded())
+            .unwrap_or_else(|pid| panic!("process {pid} of the job died before the test"));
         for p in &procs {
             reaper.add(p.pid);
         }
@@ -207,118 +213,14 @@ fn stat_of(pid: i32) -> Option<(char, u64)> {
     Some((rest.first()?.chars().next()?, rest.get(19)?.parse().ok()?))
 }
 
-/// The processes of `pids`, which must all be alive.
-pub fn procs_of(pids: &[i32]) -> Vec<Proc> {
+/// The processes of `pids`, or the first of them that is no longer alive.
+pub fn procs_of(pids: &[i32]) -> Result<Vec<Proc>, i32> {
     pids.iter()
-        .map(|&pid| {
-            let (state, start) =
-                stat_of(pid).unwrap_or_else(|| panic!("process {pid} of the job is gone"));
-            assert!(
-                !matches!(state, 'Z' | 'X'),
-                "process {pid} of the job is dead already"
-            );
-            Proc { pid, start }
+        .map(|&pid| match stat_of(pid) {
+            Some((state, start)) if !matches!(state, 'Z' | 'X') => Ok(Proc { pid, start }),
+            _ => Err(pid),
         })
         .collect()
-}
-
-/// The name of `pid` (`/proc/PID/comm`).
-pub fn comm(pid: i32) -> Option<String> {
-    fs::read_to_string(format!("/proc/{pid}/comm"))
-        .ok()
-        .map(|s| s.trim().to_owned())
-}
-
-/// The children of `pid`, of all its threads.
-pub fn children_of(pid: i32) -> Vec<i32> {
-    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    let mut children = Vec::new();
-    for t in tasks.flatten() {
-        let path = t.path().join("children");
-        let text = fs::read_to_string(path).unwrap_or_default();
-        children.extend(
-            text.split_whitespace()
-                .filter_map(|c| c.parse::<i32>().ok()),
-        );
-    }
-    children
-}
-
-/// Waits until `pid` has a child and returns it (the process `timeout`, `unshare
-/// --fork` or the like started).
-pub fn only_child(pid: i32) -> i32 {
-    let mut child = None;
-    wait_until(&format!("process {pid} has a child"), WAIT, || {
-        child = children_of(pid).first().copied();
-        child.is_some()
-    });
-    child.unwrap()
-}
-
-/// lockrun's guard (its child named `lockrun-guard`), if it has one.
-pub fn guard_of(lockrun: i32) -> Option<i32> {
-    children_of(lockrun)
-        .into_iter()
-        .find(|&c| comm(c).as_deref() == Some("lockrun-guard"))
-}
-
-/// Waits for lockrun's guard and returns its pid.
-pub fn wait_guard(lockrun: i32) -> i32 {
-    let mut guard = None;
-    wait_until(
-        &format!("lockrun {lockrun} has a child named lockrun-guard"),
-        WAIT,
-        || {
-            guard = guard_of(lockrun);
-            guard.is_some()
-        },
-    );
-    guard.unwrap()
-}
-
-/// The host pids of the processes in `init`'s PID namespace, by their pid in there
-/// (the last pid of `NSpid` in `/proc/PID/status`).
-pub fn pids_in_namespace_of(init: i32) -> HashMap<i32, i32> {
-    let ns = |pid: i32| fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
-    let want = ns(init).expect("the namespace's init runs");
-    let mut found = HashMap::new();
-    for e in fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        if ns(pid).as_ref() != Some(&want) {
-            continue;
-        }
-        let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let inner = status
-            .lines()
-            .find_map(|l| l.strip_prefix("NSpid:"))
-            .and_then(|l| l.split_whitespace().last())
-            .and_then(|p| p.parse().ok());
-        if let Some(inner) = inner {
-            found.insert(inner, pid);
-        }
-    }
-    found
-}
-
-/// `cmd` run by `prefix` (`timeout -s KILL 3`, `unshare --pid --fork`, `setpriv ...`):
-/// the same program, arguments and environment changes, stdin from /dev/null.
-pub fn wrapped(prefix: &[&str], cmd: &Command) -> Command {
-    let mut w = Command::new(prefix[0]);
-    w.args(&prefix[1..])
-        .arg(cmd.get_program())
-        .args(cmd.get_args());
-    for (k, v) in cmd.get_envs() {
-        match v {
-            Some(v) => w.env(k, v),
-            None => w.env_remove(k),
-        };
-    }
-    w.stdin(std::process::Stdio::null());
-    w
 }
 
 /// How the processes of a job died, watched from an instant the test observed.
@@ -371,79 +273,5 @@ pub fn watch_deaths(procs: &[Proc], since: Instant, timeout: Duration) -> Deaths
             };
         }
         thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// The next holder's command: for every process of the earlier job listed in
-/// `$EARLIER` (`pid start` lines), writes its pid to `$SURVIVORS` if it is alive (the
-/// same start time, not a zombie), then writes a line to `$CHECKED`.
-const SURVIVORS_CHECK: &str = r#"
-while read -r pid start; do
-    s=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
-    set -- ${s##*) }
-    case "$1" in Z|X) continue ;; esac
-    [ "${20}" = "$start" ] && echo "$pid" >> "$SURVIVORS"
-done < "$EARLIER"
-echo checked > "$CHECKED"
-"#;
-
-/// The next holder of a lock, started (usually waiting) before the earlier holder is
-/// killed: as its command starts, it writes down which processes of the earlier job
-/// are still alive.
-pub struct NextHolder {
-    /// Its lockrun.
-    pub lockrun: Running,
-    survivors: PathBuf,
-    checked: PathBuf,
-}
-
-/// The command of a next holder (`sh -c` of the survivors' check).
-pub fn next_holder_command() -> Vec<&'static str> {
-    vec!["sh", "-c", SURVIVORS_CHECK]
-}
-
-impl NextHolder {
-    /// Writes the earlier job's processes into `s` (under `tag`) and spawns `cmd`, a
-    /// lockrun of [`next_holder_command`] on the same lock.
-    pub fn spawn(mut cmd: Command, s: &Scratch, tag: &str, earlier: &[Proc]) -> NextHolder {
-        let list: String = earlier
-            .iter()
-            .map(|p| format!("{} {}\n", p.pid, p.start))
-            .collect();
-        let earlier_file = s.path(&format!("{tag}.earlier"));
-        fs::write(&earlier_file, list).expect("write the earlier job's processes");
-        let survivors = s.path(&format!("{tag}.survivors"));
-        let checked = s.path(&format!("{tag}.checked"));
-        cmd.env("EARLIER", &earlier_file)
-            .env("SURVIVORS", &survivors)
-            .env("CHECKED", &checked);
-        NextHolder {
-            lockrun: spawn(cmd),
-            survivors,
-            checked,
-        }
-    }
-
-    /// Waits (at most `WAIT`) until its command ran and returns the processes of the
-    /// earlier job it found alive, and the instant the test saw its check done.
-    pub fn survivors(&mut self) -> (Vec<i32>, Instant) {
-        wait_line(&self.checked);
-        let seen = Instant::now();
-        let text = fs::read_to_string(&self.survivors).unwrap_or_default();
-        let pids = text.lines().filter_map(|l| l.parse().ok()).collect();
-        (pids, seen)
-    }
-
-    /// Panics unless its command found none of the earlier job alive; `what` names the
-    /// case.
-    pub fn assert_no_survivors(&mut self, what: &str) -> Instant {
-        let (alive, seen) = self.survivors();
-        assert!(
-            alive.is_empty(),
-            "{what}: the next holder's command started while processes of the earlier \
-             job still ran: {alive:?}"
-        );
-        self.lockrun.wait().assert_code(0);
-        seen
     }
 }
