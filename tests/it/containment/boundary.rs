@@ -212,6 +212,18 @@ fn lockruns_in_pid_namespaces_never_share_a_cgroup() {
     // B does not hold.
     let b = Backend::new(FileService::start());
     let s = Scratch::new();
+    // A cgroup of the test's own for A and B, so that no other test's `lockrun-1` is in
+    // the way (the cgroup v2 hierarchy is the machine's).
+    let parent = format!(
+        "{}{}/lockrun-test-{}-shared",
+        cgroup2_mount(),
+        cgroup_of(std::process::id() as i32).trim_end_matches('/'),
+        std::process::id()
+    );
+    let _ = fs::remove_dir(&parent);
+    fs::create_dir(&parent).unwrap_or_else(|e| panic!("mkdir {parent}: {e}"));
+    let _rmdir = RemoveDir(parent.clone());
+    // (Dropped first: what it kills leaves the cgroups empty.)
     let reaper = Reaper::default();
     let (mut holder, _) = hold(b.run("x", &[], &sh(HOLD)), &s);
     let record = r#"echo $$ > "$PIDFILE"; grep ^0:: /proc/self/cgroup > "$CG"
@@ -221,12 +233,19 @@ fn lockruns_in_pid_namespaces_never_share_a_cgroup() {
         cmd.env("PIDFILE", s.path(&format!("{tag}.pid")))
             .env("CG", s.path(&format!("{tag}.cg")))
             .env("GO", s.path(&format!("{tag}.go")));
-        spawn(wrapped(
-            &["unshare", "--pid", "--fork", "--mount-proc"],
-            &cmd,
-        ))
+        // In the test's cgroup, then in a PID namespace of its own.
+        let into = r#"echo $$ > "$1/cgroup.procs" && shift && exec "$@""#;
+        let unshare = ["unshare", "--pid", "--fork", "--mount-proc"];
+        let prefix: Vec<&str> = ["sh", "-c", into, "sh", &parent]
+            .into_iter()
+            .chain(unshare)
+            .collect();
+        spawn(wrapped(&prefix, &cmd))
     };
+    // (Killing unshare leaves its lockrun running: the reaper kills it, the namespace's
+    // init, and the kernel the rest.)
     let mut a = in_namespace("x", &["--wait", "30s"], "a");
+    reaper.add(only_child(a.pid()));
     // Let A make its cgroup and settle into waiting.
     let settle = Instant::now();
     while settle.elapsed() < std::time::Duration::from_millis(700) {
@@ -234,6 +253,7 @@ fn lockruns_in_pid_namespaces_never_share_a_cgroup() {
         std::thread::sleep(POLL);
     }
     let mut b_run = in_namespace("y", &[], "b");
+    reaper.add(only_child(b_run.pid()));
     let b_cgroup = wait_line(&s.path("b.cg"));
     s.touch("go");
     holder.wait().assert_code(0);
@@ -241,6 +261,7 @@ fn lockruns_in_pid_namespaces_never_share_a_cgroup() {
     assert_ne!(a_cgroup, b_cgroup, "two lockruns' jobs share a cgroup");
     // B ends: its clean-up must leave A's command alone.
     let inner = wait_pid(&s.path("a.pid"));
+    // (sh execs unshare, whose child is lockrun.)
     let a_pid = pids_in_namespace_of(only_child(a.pid()))[&inner];
     reaper.add(a_pid);
     s.touch("b.go");
@@ -252,4 +273,24 @@ fn lockruns_in_pid_namespaces_never_share_a_cgroup() {
     );
     s.touch("a.go");
     a.wait().assert_code(0);
+}
+
+/// Removes a cgroup directory and the cgroups in it on drop, once they are empty.
+struct RemoveDir(String);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let start = Instant::now();
+        while start.elapsed() < WAIT {
+            for e in fs::read_dir(&self.0).into_iter().flatten().flatten() {
+                if e.path().is_dir() {
+                    let _ = fs::remove_dir(e.path());
+                }
+            }
+            if fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(POLL);
+        }
+    }
 }
