@@ -37,7 +37,7 @@
 
 use std::ffi::OsString;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::Duration;
@@ -47,6 +47,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+use nix::sys::stat::Mode;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, getpid, getppid, setpgid, ForkResult, Pid};
 
@@ -235,6 +236,7 @@ fn guard_main(sock: OwnedFd, argv: Vec<OsString>, lockrun: Pid) -> ! {
                     .map(|c| (c.dir().to_string_lossy().into_owned(), c.path().to_owned())),
             };
             let _ = wire::send(sock.as_fd(), &report, &[]);
+            let_go_of_the_commands_files();
             (leader, cgroup)
         }
         Err(e) => {
@@ -250,6 +252,52 @@ fn guard_main(sock: OwnedFd, argv: Vec<OsString>, lockrun: Pid) -> ! {
         }
     };
     watch(&sock, &sfd, leader.0, leader.1.as_ref(), hold)
+}
+
+/// Closes the guard's copies of what it inherited for the command (its stdio and any
+/// other descriptor without close-on-exec; the guard's own are all close-on-exec): a
+/// reader of the command's output sees its end when the job's processes are gone, not
+/// when the guard is, and a descriptor the caller passed on is held by the job alone.
+/// stdio is pointed at `/dev/null` rather than left free for the guard's own files.
+fn let_go_of_the_commands_files() {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
+    let null = nix::fcntl::open("/dev/null", OFlag::O_RDWR | OFlag::O_CLOEXEC, Mode::empty());
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+        .collect();
+    for fd in fds {
+        // SAFETY: the descriptor is only looked at, then closed or replaced, by this
+        // single-threaded process, which holds no other handle to it.
+        #[allow(unsafe_code)]
+        let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+        let Ok(flags) = fcntl(borrowed, FcntlArg::F_GETFD) else {
+            continue;
+        };
+        if FdFlag::from_bits_truncate(flags).contains(FdFlag::FD_CLOEXEC) {
+            continue;
+        }
+        match (&null, fd) {
+            (Ok(null), 0..=2) => {
+                // SAFETY: dup2 onto a descriptor number this process owns.
+                #[allow(unsafe_code)]
+                unsafe {
+                    nix::libc::dup2(null.as_raw_fd(), fd);
+                }
+            }
+            _ => {
+                // SAFETY: closes a descriptor inherited for the command, which nothing
+                // in the guard uses.
+                #[allow(unsafe_code)]
+                unsafe {
+                    nix::libc::close(fd);
+                }
+            }
+        }
+    }
 }
 
 /// Starts the command as the guard's child, leader of a new process group: born in

@@ -88,7 +88,7 @@ fn man_page_has_every_section_issue_7_asks_for() {
         assert!(!section(&page, name).trim().is_empty(), "{name} is empty");
     }
     let caveats = section(&page, "CAVEATS");
-    for needle in ["SIGTTIN", "own session", "backend's data"] {
+    for needle in ["SIGTTIN", "service manager", "backend's data"] {
         assert!(
             caveats.contains(needle),
             "CAVEATS does not mention {needle:?}"
