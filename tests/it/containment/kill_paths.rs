@@ -92,7 +92,21 @@ fn case(b: &Backend, kill: Kill, on: On, shape: Shape, name: &str) -> String {
         Kill::Sigkill | Kill::Oom | Kill::Guard => outer.pid(),
     };
     reaper.add(lockrun_pid);
-    let mut pids = job.wait_recorded();
+    let start = Instant::now();
+    while job.recorded().len() < job.processes() {
+        if start.elapsed() > WAIT || !outer.is_running() {
+            panic!(
+                "{what}: {} of the job's {} processes recorded their pids (lockrun ended: \
+                 {}); stderr so far:\n{}",
+                job.recorded().len(),
+                job.processes(),
+                !outer.is_running(),
+                outer.stderr_so_far()
+            );
+        }
+        std::thread::sleep(POLL);
+    }
+    let mut pids = job.recorded();
     if kill == Kill::PidNamespaceInit {
         let host = pids_in_namespace_of(lockrun_pid);
         let inner = pids;
