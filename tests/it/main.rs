@@ -3,6 +3,8 @@
 //!
 //! - `cli`, `exit_status`: the command line, the lock-name rules, exit statuses;
 //! - `supervisor`: signals, the process group, `--max-runtime`, PID 1;
+//! - `containment`: nothing of the job outlives lockrun, however lockrun ends (killed,
+//!   OOM-killed, its guard killed, its stderr blocked), and no next holder starts beside it;
 //! - `lease`, `fencing`, `contention`: the lease, tokens and waiting, against Redis;
 //! - `conformance`: the contract of docs/guarantees.md, written once and run against
 //!   every backend;
@@ -25,6 +27,7 @@
 mod auth;
 mod cli;
 mod conformance;
+mod containment;
 mod contention;
 mod docs;
 mod etcd;

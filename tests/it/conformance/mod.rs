@@ -10,6 +10,8 @@
 //!   `--hold-at-least`, fencing, `status` and `release --force`, ownership, two
 //!   (prefix, name) pairs spelling one `PREFIX + NAME` being two locks, no lease
 //!   longer than a day, failing closed;
+//! - `containment`: a SIGKILLed holder's job (a child in a session of its own, one
+//!   ignoring SIGTERM) is gone before the next holder's command starts (property 10);
 //! - `semaphore`: `--slots N` (property 9): at most N inside on distinct slots with
 //!   tokens that increase, busy, `status` and `release --force` over every slot, another
 //!   N refused, a crashed holder's slot freed when its lease ends, waiters in order;
@@ -22,6 +24,7 @@
 //! enforces ended at most TTL later. Waits for things to happen are generous; safety
 //! assertions are strict.
 
+mod containment;
 mod contract;
 mod faults;
 mod semaphore;
@@ -82,6 +85,10 @@ macro_rules! contract_tests {
             contract::a_lease_longer_than_a_day_is_refused_and_leaves_no_lock
         );
         contract_test!($start, contract::unreachable_backend_fails_closed);
+        contract_test!(
+            $start,
+            containment::next_holder_starts_after_the_killed_holders_job_is_gone
+        );
         contract_test!($start, faults::definite_loss_stops_the_command);
         contract_test!(
             $start,

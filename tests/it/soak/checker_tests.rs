@@ -254,6 +254,71 @@ fn checker_flags_statuses_spec_does_not_allow_and_unexplained_ones() {
     );
 }
 
+#[test]
+fn checker_counts_a_leftover_child_as_part_of_the_holder() {
+    // The first section ends at 1500 ms, but its child (in a session of its own, say)
+    // is seen running at 2100 ms, after the second holder started at 2002 ms.
+    let mut first = section(100, 11, 1002, 1500);
+    first.pids.push(2000);
+    first.last_seen = at(2100);
+    first.gone = Some(at(2101));
+    let r = check_of(
+        &[acquired("a", 100, 1000), acquired("b", 200, 2000)],
+        &[first, section(200, 12, 2002, 2500)],
+        &[
+            lockrun_run_of(11, 100, 0, 1510),
+            lockrun_run_of(12, 200, 0, 2510),
+        ],
+        &[],
+        &["1 100".into(), "1 200".into()],
+    );
+    assert!(
+        r.failures.iter().any(|f| f.contains("overlapped")),
+        "{:?}",
+        r.failures
+    );
+}
+
+#[test]
+fn checker_allows_a_sigkill_by_the_nemesis_and_lost_lines_of_a_blocked_stderr_only() {
+    let records = [acquired("a", 100, 1000), acquired("b", 200, 2000)];
+    let sections = [section(100, 11, 1002, 1500), section(200, 12, 2002, 2500)];
+    let mut killed = lockrun_run_of(11, 100, 0, 1510);
+    killed.code = None;
+    // Exited 124, its "lost" line lost.
+    let mut mute = lockrun_run_of(12, 200, 0, 2510);
+    mute.code = Some(124);
+    let runs = [killed, mute];
+    let log = ["1 100".to_string(), "1 200".into()];
+    let r = check_of(&records, &sections, &runs, &[], &log);
+    assert!(
+        r.failures.iter().any(|f| f.contains("status None")),
+        "{:?}",
+        r.failures
+    );
+    assert!(
+        r.failures
+            .iter()
+            .any(|f| f.contains("without a \"lost\" line")),
+        "{:?}",
+        r.failures
+    );
+    let faults = [
+        fault(Fault::KillLockrun, 1400, 1400, Some(11)),
+        fault(Fault::StderrBlocked, 2100, 2400, Some(12)),
+    ];
+    let r = check_of(&records, &sections, &runs, &faults, &log);
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    assert_eq!(r.codes.get(&137), Some(&1));
+    // The nemesis' faults of one lockrun say nothing of another's.
+    let faults = [
+        fault(Fault::KillLockrun, 1400, 1400, Some(12)),
+        fault(Fault::StderrBlocked, 2100, 2400, Some(11)),
+    ];
+    let r = check_of(&records, &sections, &runs, &faults, &log);
+    assert_eq!(r.failures.len(), 2, "{:?}", r.failures);
+}
+
 /// A semaphore of 3 slots, as the soak's workers run it: (lock token, fencing token,
 /// slot, lockrun pid, acquire sent at, section from, to), in ms of the test clock.
 type Holder = (&'static str, u64, u32, i32, u64, u64, u64);

@@ -1,9 +1,12 @@
 //! The nemesis soak (issue 3): several lockruns contend for one lock in a loop while a
 //! seeded random schedule freezes, kills, restarts and flushes Redis, blackholes, cuts,
-//! refuses and slows the network, pauses lockruns, and jumps the server's wall clock.
-//! Every critical section writes to a fenced store and reports its own history; a
-//! checker (`check`) then verifies the safety properties of docs/guarantees.md and prints
-//! figures.
+//! refuses and slows the network, pauses lockruns, kills them (`kill -9`), blocks their
+//! stderr, and jumps the server's wall clock (issue 25 added the kills and the blocked
+//! stderr). Every critical section writes to a fenced store and reports its own
+//! history, and so does the child some of them leave running (in their group, in a
+//! session of its own, or orphaned): a section lasts until the last process of its job
+//! is gone. A checker (`check`) then verifies the safety properties of docs/guarantees.md
+//! and prints figures.
 //!
 //! Two phases, one test each, under the same nemesis (issue 17):
 //! - plain: 4 lockruns contend for a plain lock (properties 1 to 8);
@@ -17,8 +20,9 @@
 //!
 //! - `rig`: the servers, the tap, the workers, and collecting the history at the end;
 //! - `nemesis`: the faults; `report`: what sections, faults and lockruns report;
-//! - `tap`: the shared proxy recording lockrun's calls; `check`: the checker, itself
-//!   tested on synthetic histories in `checker_tests`.
+//! - `tap`: the shared proxy recording lockrun's calls; `stderr`: each lockrun's stderr,
+//!   a pipe the nemesis can block; `check`: the checker, itself tested on synthetic
+//!   histories in `checker_tests`.
 //!
 //! The default run is bounded (40 s plain and 35 s semaphore, with their set-up about a
 //! minute and a half) with a fixed seed, and each phase runs alone. Each phase draws its
@@ -44,6 +48,7 @@ mod deadlines;
 mod nemesis;
 mod report;
 mod rig;
+mod stderr;
 mod tap;
 
 use std::time::Duration;
@@ -79,7 +84,8 @@ struct Phase {
     filter: &'static str,
 }
 
-/// The plain phase: the soak of issue 3 (its schedule for a seed is the same as then).
+/// The plain phase: the soak of issue 3 (its schedule for a seed changed with the
+/// faults of issue 25).
 const PLAIN: Phase = Phase {
     name: "plain",
     slots: 1,

@@ -14,7 +14,7 @@ use super::{Rng, NAME};
 use crate::support::*;
 
 /// Weights of the kinds in the draw, in `Fault::ALL` order.
-const WEIGHTS: [u64; 10] = [4, 2, 2, 4, 2, 2, 3, 3, 6, 3];
+const WEIGHTS: [u64; 12] = [4, 2, 2, 4, 2, 2, 3, 3, 6, 3, 3, 3];
 
 impl Rig {
     /// Faults, one at a time, until `until`: every kind once first, in a seeded order,
@@ -57,6 +57,11 @@ impl Rig {
             Fault::StuckRequests => (None, self.stuck_requests(rng)),
             Fault::PauseLockrun => {
                 let (pid, detail) = self.pause_lockrun(rng)?;
+                (Some(pid), detail)
+            }
+            Fault::KillLockrun => (Some(self.kill_lockrun(rng)?), String::new()),
+            Fault::StderrBlocked => {
+                let (pid, detail) = self.block_stderr(rng)?;
                 (Some(pid), detail)
             }
         };
@@ -151,22 +156,62 @@ impl Rig {
         format!("{d:?}, {held} connection(s) held")
     }
 
+    /// The pid of the lockrun holding the lock (of a semaphore, the slot drawn at
+    /// random), if any.
+    fn holder(&self, rng: &mut Rng) -> Option<i32> {
+        let slot = match self.slots {
+            1 => 0,
+            n => rng.below(u64::from(n)) as u32,
+        };
+        let redis = self.redis.lock().unwrap();
+        redis.hget(&slot_key(NAME, slot), "pid")?.parse().ok()
+    }
+
+    /// SIGKILL of a lockrun, mostly the holder, else anyone (`kill -9`, the OOM
+    /// killer): its job must die with it, and no next holder may start beside any of
+    /// it. Returns its pid, or `None` when no lockrun runs.
+    fn kill_lockrun(&self, rng: &mut Rng) -> Option<i32> {
+        let holder = self.holder(rng);
+        let live = self.live.lock().unwrap();
+        if live.is_empty() {
+            return None;
+        }
+        let victim = match holder {
+            Some(h) if live.contains(&h) && rng.chance(70) => h,
+            _ => live[rng.below(live.len() as u64) as usize],
+        };
+        // Not reaped while `live` is held: the pid is still that lockrun's.
+        signal_pid(victim, Signal::SIGKILL);
+        Some(victim)
+    }
+
+    /// The holder's stderr blocked for a while: its reader stops and the pipe is full,
+    /// so every line lockrun writes would block (a holder that logged acquiring, so
+    /// that the checker still knows its token). Returns its pid and a few words, or
+    /// `None` when no such holder runs.
+    fn block_stderr(&self, rng: &mut Rng) -> Option<(i32, String)> {
+        let d = rng.ms(500, 3000);
+        let holder = self.holder(rng)?;
+        let pipe = self.stderrs.lock().unwrap().get(&holder).cloned()?;
+        if !pipe.logged_acquiring() {
+            return None;
+        }
+        pipe.block();
+        let until = Instant::now() + d;
+        while Instant::now() < until {
+            thread::sleep(Duration::from_millis(50));
+            pipe.fill();
+        }
+        pipe.unblock();
+        Some((holder, format!("{d:?}")))
+    }
+
     /// SIGSTOP of a lockrun, mostly the holder (the interesting case; of a semaphore,
     /// the holder of a slot drawn at random), else anyone, and SIGCONT after a while.
     /// Returns its pid and a few words for the report, or `None` when no lockrun runs.
     fn pause_lockrun(&self, rng: &mut Rng) -> Option<(i32, String)> {
         let d = rng.ms(300, 4000);
-        // (A plain lock draws nothing more: its schedule for a seed stays as it was.)
-        let slot = match self.slots {
-            1 => 0,
-            n => rng.below(u64::from(n)) as u32,
-        };
-        let holder: Option<i32> = self
-            .redis
-            .lock()
-            .unwrap()
-            .hget(&slot_key(NAME, slot), "pid")
-            .and_then(|p| p.parse().ok());
+        let holder = self.holder(rng);
         let victim = {
             let live = self.live.lock().unwrap();
             if live.is_empty() {

@@ -26,7 +26,8 @@ pub struct Section {
     pub pids: Vec<i32>,
     /// When it started.
     pub start: Duration,
-    /// The latest instant it reported (start, heartbeat, write or end): it was running then.
+    /// The latest instant it or a process of its job (its child) reported (start,
+    /// heartbeat, write or end): its job was running then.
     pub last_seen: Duration,
     /// When it ended normally, if it did.
     pub end: Option<Duration>,
@@ -39,9 +40,11 @@ pub struct Section {
 }
 
 impl Section {
-    /// The end of what it did: its normal end, else the last instant it was seen alive.
+    /// The end of what it did: the last instant it, or a process of its job, was seen
+    /// running (its normal end, if nothing of the job ran on after it). The job's
+    /// descendants are part of the holder: a section lasts until the last of them.
     pub fn until(&self) -> Duration {
-        self.end.unwrap_or(self.last_seen)
+        self.last_seen
     }
 }
 
@@ -194,11 +197,16 @@ pub enum Fault {
     PauseLockrun,
     /// The redis-server's wall clock jumps forward.
     ClockJump,
+    /// SIGKILL of one lockrun (`kill -9`, the OOM killer): its job must die with it.
+    KillLockrun,
+    /// The holder's stderr a full pipe that nobody reads for a while: lockrun may lose
+    /// lines, never a deadline.
+    StderrBlocked,
 }
 
 impl Fault {
     /// Every kind, in report order.
-    pub const ALL: [Fault; 10] = [
+    pub const ALL: [Fault; 12] = [
         Fault::FreezeRedis,
         Fault::RestartRedis,
         Fault::Flushall,
@@ -209,6 +217,8 @@ impl Fault {
         Fault::StuckRequests,
         Fault::PauseLockrun,
         Fault::ClockJump,
+        Fault::KillLockrun,
+        Fault::StderrBlocked,
     ];
 
     /// A short name for the report.
@@ -224,12 +234,16 @@ impl Fault {
             Fault::StuckRequests => "stuck-requests",
             Fault::PauseLockrun => "pause-lockrun",
             Fault::ClockJump => "clock-jump",
+            Fault::KillLockrun => "kill-lockrun",
+            Fault::StderrBlocked => "stderr-blocked",
         }
     }
 
     /// True for the faults under which two holders may overlap: the lease a holder
     /// relies on vanishes on the server (data loss, an early expiry) or the holder
-    /// cannot act on its own deadline (paused). Fencing is the answer to those.
+    /// cannot act on its own deadline (paused). Fencing is the answer to those. A
+    /// killed lockrun or a blocked stderr explains nothing: the job dies with lockrun,
+    /// and no log line may hold up a kill.
     pub fn may_overlap(self) -> bool {
         match self {
             Fault::RestartRedis | Fault::Flushall | Fault::PauseLockrun | Fault::ClockJump => true,
@@ -238,7 +252,9 @@ impl Fault {
             | Fault::Cut
             | Fault::Refuse
             | Fault::Latency
-            | Fault::StuckRequests => false,
+            | Fault::StuckRequests
+            | Fault::KillLockrun
+            | Fault::StderrBlocked => false,
         }
     }
 }
@@ -253,7 +269,7 @@ pub struct FaultEvent {
     pub from: Duration,
     /// Healed at (equal to `from` for instant faults).
     pub to: Duration,
-    /// The paused lockrun, for `PauseLockrun`.
+    /// The lockrun paused, killed or whose stderr was blocked.
     pub pid: Option<i32>,
     /// A few words for the report (duration, offset).
     pub detail: String,
@@ -266,9 +282,10 @@ pub struct Run {
     pub pid: i32,
     /// Seen ended at.
     pub ended: Duration,
-    /// Its exit code (`None`: killed by a signal, which must not happen).
+    /// Its exit code (`None`: killed by a signal, which must not happen unless the
+    /// nemesis killed it).
     pub code: Option<i32>,
-    /// Its stderr (JSON lines).
+    /// Its stderr (JSON lines; what it wrote while its stderr was blocked may be lost).
     pub stderr: String,
     /// True when the test had to kill it (it hung).
     pub hung: bool,

@@ -3,9 +3,10 @@
 //! run lockrun after lockrun (with the phase's `--slots`); then, at the end, everything
 //! the checker needs.
 
+use std::collections::HashMap;
 use std::fs;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,7 @@ use nix::sys::signal::Signal;
 
 use super::check::{self, History, Report};
 use super::report::{describe, FaultEvent, Listener, Run};
+use super::stderr::StderrPipe;
 use super::tap::Tap;
 use super::{Phase, Rng, NAME, TTL};
 use crate::support::*;
@@ -48,9 +50,11 @@ pub(super) struct Rig {
     pub(super) tap: Tap,
     listener: Listener,
     run_id: String,
-    /// lockruns that have not been reaped: the nemesis may pause them. A worker reaps
-    /// only while holding this lock, so a pid here is never a reused one.
+    /// lockruns that have not been reaped: the nemesis may pause or kill them. A worker
+    /// reaps only while holding this lock, so a pid here is never a reused one.
     pub(super) live: Mutex<Vec<i32>>,
+    /// The stderr of each lockrun not reaped yet, by its pid: the nemesis may block it.
+    pub(super) stderrs: Mutex<HashMap<i32, Arc<StderrPipe>>>,
     runs: Mutex<Vec<Run>>,
     pub(super) faults: Mutex<Vec<FaultEvent>>,
     stop: AtomicBool,
@@ -94,6 +98,7 @@ impl Rig {
             listener: Listener::start(),
             run_id: format!("{}-{}", std::process::id(), boottime().as_nanos()),
             live: Mutex::new(Vec::new()),
+            stderrs: Mutex::default(),
             runs: Mutex::new(Vec::new()),
             faults: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
@@ -111,11 +116,13 @@ impl Rig {
             let mut lr = self.start_lockrun(&mut rng);
             let pid = lr.pid();
             let (finished, hung) = self.reap(&mut lr);
+            let ended = boottime();
+            let stderr = self.stderrs.lock().unwrap().remove(&pid);
             self.runs.lock().unwrap().push(Run {
                 pid,
-                ended: boottime(),
+                ended,
                 code: finished.code,
-                stderr: finished.stderr,
+                stderr: stderr.map_or(String::new(), |e| e.finish()),
                 hung,
             });
             thread::sleep(rng.ms(0, 300));
@@ -144,15 +151,25 @@ impl Rig {
         if self.slots > 1 {
             opts.extend(["--slots", &slots]);
         }
+        // Some sections leave a child running: in their group, in a session of its own,
+        // or orphaned by a double fork (see section.pl).
+        let child = match rng.below(20) {
+            0 => "group",
+            1 => "setsid",
+            2 => "orphan",
+            _ => "",
+        };
         let mut cmd = lockrun_run(&self.tap.url(), NAME, &opts, &["perl", "-e", SECTION]);
         cmd.env("SOAK_HARNESS", self.listener.port().to_string())
             .env("SOAK_STORE", self.store.port().to_string())
             .env("SOAK_SHA", &self.sha)
             .env("SOAK_HOLD_MS", hold.as_millis().to_string())
             .env("SOAK_TERM", if rng.chance(25) { "ignore" } else { "obey" })
-            .env("SOAK_CHILD", if rng.chance(15) { "1" } else { "" })
+            .env("SOAK_CHILD", child)
             .env("SOAK_RUN", &self.run_id);
-        let lr = spawn(cmd);
+        let (stderr, write) = StderrPipe::start();
+        let lr = spawn_with_stderr(cmd, write);
+        self.stderrs.lock().unwrap().insert(lr.pid(), stderr);
         self.live.lock().unwrap().push(lr.pid());
         lr
     }

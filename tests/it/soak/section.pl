@@ -7,12 +7,15 @@
 #   S <fencing token> <lockrun pid> <pid> <t> <slot>   started
 #   W <t> <1 accepted|0 rejected> <seq>                a store write, sent at t
 #   H <t>                                              still running at t (every 10 ms)
-#   C <pid>                                            started a child that outlives it
+#   C <pid>                                            a child that outlives it runs
 #   E <t>                                              ended normally
-# The listener sees EOF when the last process holding the socket (this one or its child)
-# is gone: that is when the section's process group died.
+# The child (SOAK_CHILD: `group`, in the command's group; `setsid`, in a session of its
+# own; `orphan`, an orphan of a double fork) sends heartbeats (H) too: the section lasts
+# until the last process of its job is gone. The listener sees EOF when the last
+# process holding the socket (this one or its child) is gone: that is when the job died.
 use strict;
 use warnings;
+use POSIX ();
 use IO::Socket::INET;
 use Time::HiRes qw(clock_gettime CLOCK_BOOTTIME);
 
@@ -63,12 +66,18 @@ sub store_write {
 if ($ENV{SOAK_CHILD}) {
   my $pid = fork();
   if (defined $pid && $pid == 0) {
-    # A leftover that outlives the section: lockrun must stop it before releasing.
+    # A leftover that outlives the section: lockrun must stop it before releasing, and
+    # kill it with the rest of the job if lockrun is killed.
     $SIG{TERM} = 'DEFAULT';
     close($st);
-    sleep 1 while 1;
+    POSIX::setsid() if $ENV{SOAK_CHILD} eq 'setsid';
+    if ($ENV{SOAK_CHILD} eq 'orphan') { my $p = fork(); POSIX::_exit(0) if !defined $p || $p; }
+    report("C $$");
+    while (1) {
+      select(undef, undef, undef, 0.02);
+      report("H " . now());
+    }
   }
-  report("C $pid") if $pid;
 }
 
 store_write();

@@ -25,6 +25,7 @@ mod clock;
 mod cluster;
 mod etcd;
 mod history;
+mod job;
 mod nutcracker;
 mod pg;
 mod pgbouncer;
@@ -50,6 +51,7 @@ pub use history::{
     crowded, most_inside, overlaps, reused_tokens, slot_overlaps, Sections, SlotSections, SlotSpan,
     Span,
 };
+pub use job::*;
 pub use nutcracker::Nutcracker;
 pub use pg::{Db, PrivatePg, Table};
 pub use pgbouncer::{PgBouncer, Pool};

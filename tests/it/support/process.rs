@@ -289,8 +289,20 @@ pub struct Running {
 /// SIGQUIT ignored), lockrun would rightly leave them ignored and the forwarding tests
 /// would wait in vain. A test that wants one ignored sets it itself
 /// (`supervisor::ignored`).
+pub fn spawn(cmd: Command) -> Running {
+    let err = tempfile::tempfile().expect("temp file");
+    start(cmd, err.try_clone().unwrap(), err)
+}
+
+/// [`spawn`] with stderr given to the process as `stderr` (a pipe nobody reads, say):
+/// what it writes there is not captured.
+pub fn spawn_with_stderr(cmd: Command, stderr: impl Into<Stdio>) -> Running {
+    start(cmd, stderr, tempfile::tempfile().expect("temp file"))
+}
+
+/// Spawns `cmd` with `stderr`; `err` is what [`Running`] reads as its stderr.
 #[allow(unsafe_code)]
-pub fn spawn(mut cmd: Command) -> Running {
+fn start(mut cmd: Command, stderr: impl Into<Stdio>, err: File) -> Running {
     serial::side_by_side();
     // SAFETY: between fork and exec only sigaction(2) is called, which is
     // async-signal-safe; nothing is allocated or locked.
@@ -303,9 +315,8 @@ pub fn spawn(mut cmd: Command) -> Running {
         });
     }
     let out = tempfile::tempfile().expect("temp file");
-    let err = tempfile::tempfile().expect("temp file");
     cmd.stdout(out.try_clone().unwrap());
-    cmd.stderr(err.try_clone().unwrap());
+    cmd.stderr(stderr);
     let started = Instant::now();
     let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
     Running {
