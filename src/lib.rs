@@ -5,7 +5,7 @@
 //! - [`cli`]: the command line as typed (clap). [`config`] checks it into a
 //!   [`config::RunConfig`]: the only configuration the rest of the code sees. The
 //!   backend URLs are checked by the parser of their scheme, found in the table
-//!   [`backend::KINDS`] (the `--url` help is built from it too).
+//!   [`backend::registry::KINDS`] (the `--url` help is built from it too).
 //! - [`backend`]: the [`backend::Backend`] trait (acquire, renew, release, inspect)
 //!   with typed results, [`backend::AnyBackend`] holding any of them, and one module
 //!   (or folder) per backend, each owning its URL, options, connection and requests:
@@ -46,10 +46,12 @@ pub mod holder;
 pub mod lease;
 pub mod log;
 pub mod metrics;
+mod name;
 pub mod outcome;
 pub mod run;
 pub mod supervisor;
 pub mod token;
+mod units;
 
 use std::ffi::OsString;
 use std::time::Duration;

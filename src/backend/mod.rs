@@ -7,17 +7,19 @@
 //! ([`BackendError::Unavailable`]) lead to different exit statuses and actions.
 //! One module per backend, which owns everything about itself: its URL schemes and
 //! their parser, its options, its connection ([`conn::Slot`]) and its requests. The
-//! rest of the program knows backends only through the table in `table.rs` ([`KINDS`]:
+//! rest of the program knows backends only through the registry ([`registry::KINDS`]:
 //! the `--url` help and the unknown-scheme message are built from it) and through
-//! [`AnyBackend`]. Adding a backend is a new module and one line in that table.
+//! [`AnyBackend`]. Adding a backend is a new module and one line in that table. What
+//! every backend shares about URLs is the leaf [`url`].
 
 pub mod conn;
 pub mod etcd;
 pub mod file;
 pub mod postgres;
 pub mod redis;
-pub mod table;
+pub mod registry;
 pub mod tls;
+pub mod url;
 pub mod zookeeper;
 
 use std::future::Future;
@@ -25,9 +27,6 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use thiserror::Error;
-
-use crate::config::BackendConfig;
-pub use table::{parse_urls, scheme_list, url_help, Kind, Target, UrlContext, KINDS};
 
 /// The longest lease any backend takes: lockrun's largest `--ttl` and
 /// `--hold-at-least` ([`crate::config::bounds`]). Each backend refuses a longer one
@@ -257,12 +256,6 @@ impl AnyBackend {
     /// Wraps `backend`.
     pub fn new<B: Backend + 'static>(backend: B) -> AnyBackend {
         AnyBackend(Box::new(backend))
-    }
-
-    /// Opens (lazily: nothing is connected yet) the backend `config` names;
-    /// `waiting` says the caller may wait for a busy lock (`--wait`).
-    pub fn open(config: &BackendConfig, waiting: bool) -> AnyBackend {
-        config.target.open(config, waiting)
     }
 }
 

@@ -19,7 +19,7 @@ use rustls::{
     SignatureScheme,
 };
 
-use crate::config::ConfigError;
+use crate::backend::url::UrlError;
 
 /// The PEM contents of the files named in the environment.
 #[derive(Clone, Default)]
@@ -42,13 +42,13 @@ impl std::fmt::Debug for TlsFiles {
 
 impl TlsFiles {
     /// Reads the files named in the environment (`get` looks a variable up).
-    pub fn from_env(get: &dyn Fn(&str) -> Option<String>) -> Result<TlsFiles, ConfigError> {
-        let read = |var: &'static str| -> Result<Option<Vec<u8>>, ConfigError> {
+    pub fn from_env(get: &dyn Fn(&str) -> Option<String>) -> Result<TlsFiles, UrlError> {
+        let read = |var: &'static str| -> Result<Option<Vec<u8>>, UrlError> {
             match get(var).filter(|p| !p.is_empty()) {
                 None => Ok(None),
                 Some(path) => std::fs::read(&path)
                     .map(Some)
-                    .map_err(|e| ConfigError::TlsFile {
+                    .map_err(|e| UrlError::TlsFile {
                         var,
                         path,
                         reason: e.kind().to_string(),
@@ -58,7 +58,7 @@ impl TlsFiles {
         let client = match (read("LOCKRUN_TLS_CERT")?, read("LOCKRUN_TLS_KEY")?) {
             (Some(cert), Some(key)) => Some((cert, key)),
             (None, None) => None,
-            _ => return Err(ConfigError::TlsHalfPair),
+            _ => return Err(UrlError::TlsHalfPair),
         };
         Ok(TlsFiles {
             ca: read("LOCKRUN_TLS_CA")?,
@@ -99,23 +99,23 @@ pub enum Roots<'a> {
 /// says against `roots` (unused for [`ServerCheck::EncryptOnly`]) and, with `client`
 /// (certificate chain and key, PEM), offers a client certificate. A file without a
 /// certificate, a key that cannot be read or does not match, no system roots: a
-/// one-line [`ConfigError::Backend`].
+/// one-line [`UrlError::Backend`].
 pub fn client_config(
     check: ServerCheck,
     roots: Roots<'_>,
     client: Option<(&[u8], &[u8])>,
-) -> Result<Arc<ClientConfig>, ConfigError> {
+) -> Result<Arc<ClientConfig>, UrlError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| ConfigError::Backend(format!("cannot set up TLS: {e}")))?;
+        .map_err(|e| UrlError::Backend(format!("cannot set up TLS: {e}")))?;
     let verifier: Arc<dyn ServerCertVerifier> = match check {
         ServerCheck::EncryptOnly => Arc::new(EncryptOnly(provider.clone())),
         ServerCheck::Chain | ServerCheck::ChainAndName | ServerCheck::ChainAndNameOrCommonName => {
             let store = root_store(roots)?;
             let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider)
                 .build()
-                .map_err(|e| ConfigError::Backend(format!("cannot use the CA file: {e}")))?;
+                .map_err(|e| UrlError::Backend(format!("cannot use the CA file: {e}")))?;
             match check {
                 ServerCheck::Chain => Arc::new(AnyName(webpki, NameRule::Any)),
                 ServerCheck::ChainAndNameOrCommonName => {
@@ -131,17 +131,16 @@ pub fn client_config(
     let config = match client {
         None => builder.with_no_client_auth(),
         Some((cert, key)) => {
-            let chain = pem_certificates(cert).map_err(|why| {
-                ConfigError::Backend(format!("the client certificate file {why}"))
-            })?;
+            let chain = pem_certificates(cert)
+                .map_err(|why| UrlError::Backend(format!("the client certificate file {why}")))?;
             if chain.is_empty() {
-                return Err(ConfigError::Backend(
+                return Err(UrlError::Backend(
                     "the client certificate file holds no PEM certificate".to_owned(),
                 ));
             }
             // The reason is not shown: it could quote the key.
             let key = PrivateKeyDer::from_pem_slice(key).map_err(|_| {
-                ConfigError::Backend(
+                UrlError::Backend(
                     "the client key file holds no usable private key (PEM: PKCS#8, PKCS#1 or SEC1)"
                         .to_owned(),
                 )
@@ -149,15 +148,15 @@ pub fn client_config(
             builder
                 .with_client_auth_cert(chain, key)
                 .map_err(|e| match e {
-                    rustls::Error::InconsistentKeys(_) => ConfigError::Backend(
+                    rustls::Error::InconsistentKeys(_) => UrlError::Backend(
                         "the client key does not belong to the client certificate".to_owned(),
                     ),
-                    rustls::Error::General(why) => ConfigError::Backend(format!(
+                    rustls::Error::General(why) => UrlError::Backend(format!(
                         "the client key file holds no usable private key ({why})"
                     )),
-                    _ => ConfigError::Backend(format!(
-                        "cannot use the client certificate and key: {e}"
-                    )),
+                    _ => {
+                        UrlError::Backend(format!("cannot use the client certificate and key: {e}"))
+                    }
                 })?
         }
     };
@@ -172,20 +171,20 @@ fn pem_certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> 
 }
 
 /// The trust anchors of `roots`.
-fn root_store(roots: Roots<'_>) -> Result<RootCertStore, ConfigError> {
+fn root_store(roots: Roots<'_>) -> Result<RootCertStore, UrlError> {
     let mut store = RootCertStore::empty();
     match roots {
         Roots::Pem(pem) => {
             let certs = pem_certificates(pem)
-                .map_err(|why| ConfigError::Backend(format!("the CA file {why}")))?;
+                .map_err(|why| UrlError::Backend(format!("the CA file {why}")))?;
             if certs.is_empty() {
-                return Err(ConfigError::Backend(
+                return Err(UrlError::Backend(
                     "the CA file holds no PEM certificate".to_owned(),
                 ));
             }
             for cert in certs {
                 store.add(cert).map_err(|e| {
-                    ConfigError::Backend(format!(
+                    UrlError::Backend(format!(
                         "the CA file holds a certificate that cannot be a root: {e}"
                     ))
                 })?;
@@ -195,7 +194,7 @@ fn root_store(roots: Roots<'_>) -> Result<RootCertStore, ConfigError> {
             let found = rustls_native_certs::load_native_certs();
             store.add_parsable_certificates(found.certs);
             if store.is_empty() {
-                return Err(ConfigError::Backend(
+                return Err(UrlError::Backend(
                     "no system root certificates were found (install ca-certificates, or \
                      name a CA file)"
                         .to_owned(),
@@ -648,7 +647,7 @@ mod tests {
         let only_cert = |v: &str| (v == "LOCKRUN_TLS_CERT").then(|| path.clone());
         assert_eq!(
             TlsFiles::from_env(&only_cert).unwrap_err(),
-            ConfigError::TlsHalfPair
+            UrlError::TlsHalfPair
         );
         let both = |v: &str| v.starts_with("LOCKRUN_TLS_").then(|| path.clone());
         let files = TlsFiles::from_env(&both).unwrap();
@@ -657,7 +656,7 @@ mod tests {
         let missing = |v: &str| (v == "LOCKRUN_TLS_CA").then(|| "/nonexistent/ca".to_owned());
         assert!(matches!(
             TlsFiles::from_env(&missing),
-            Err(ConfigError::TlsFile {
+            Err(UrlError::TlsFile {
                 var: "LOCKRUN_TLS_CA",
                 ..
             })

@@ -95,10 +95,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::backend::url::BackendConfig;
 use crate::backend::{
     wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release, MAX_LEASE,
 };
-use crate::config::BackendConfig;
 use acquire::{read_guarded, Attempt};
 use dir::{LockDir, Open};
 use line::Line;

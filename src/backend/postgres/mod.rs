@@ -138,10 +138,10 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, Connection as PgConnection, NoTls, Row};
 
 use crate::backend::conn::{Connection, InUse, Slot, Wakeups};
+use crate::backend::url::BackendConfig;
 use crate::backend::BackendError;
-use crate::config::BackendConfig;
 use sql::{begin, channel, Sql};
-pub use target::{PgArgs, PostgresTarget, KIND};
+pub use target::{PostgresTarget, KIND};
 
 /// The longest a polite close may take before the connection is just dropped.
 const CLOSE_TIME: Duration = Duration::from_millis(200);

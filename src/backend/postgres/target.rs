@@ -25,8 +25,9 @@ use std::sync::Arc;
 
 use super::PostgresBackend;
 use crate::backend::tls::{client_config, Roots, ServerCheck, TlsFiles};
-use crate::backend::{AnyBackend, Kind, Target, UrlContext};
-use crate::config::{BackendConfig, ConfigError};
+use crate::backend::url::{BackendConfig, UrlError};
+use crate::backend::url::{Kind, Target, UrlContext};
+use crate::backend::AnyBackend;
 
 /// The table line of PostgreSQL.
 pub const KIND: Kind = Kind {
@@ -34,20 +35,6 @@ pub const KIND: Kind = Kind {
     usage: "postgres://[user[:pass]@]host[:port][,...]/db[?param=value&...] (or postgresql://; sslmode, sslrootcert, sslcert, sslkey, channel_binding as in libpq)",
     parse: |url, ctx| Ok(Arc::new(parse(url, ctx)?)),
 };
-
-/// The PostgreSQL backend's options (flattened into the command line's backend
-/// options).
-#[derive(Clone, Debug, clap::Args)]
-pub struct PgArgs {
-    /// PostgreSQL only: the lease table (TABLE or SCHEMA.TABLE), created if missing.
-    #[arg(
-        long = "pg-table",
-        env = "LOCKRUN_PG_TABLE",
-        default_value = "lockrun_locks",
-        value_name = "TABLE"
-    )]
-    pub table: String,
-}
 
 /// Connection details of a PostgreSQL database.
 #[derive(Clone, Debug)]
@@ -111,7 +98,7 @@ pub enum SslMode {
 }
 
 impl SslMode {
-    fn parse(value: &str) -> Result<SslMode, ConfigError> {
+    fn parse(value: &str) -> Result<SslMode, UrlError> {
         Ok(match value {
             "disable" => SslMode::Disable,
             "allow" | "prefer" => SslMode::Prefer,
@@ -119,7 +106,7 @@ impl SslMode {
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
             other => {
-                return Err(ConfigError::Backend(format!(
+                return Err(UrlError::Backend(format!(
                     "sslmode={} is not valid: use disable, prefer, require, verify-ca or \
                      verify-full",
                     other.chars().take(32).collect::<String>()
@@ -200,7 +187,7 @@ const PASSED_ON: &[&str] = &[
 /// Takes lockrun's own parameters out of `url`'s query (found as tokio-postgres finds
 /// it: after the first `@`, the first `?`); the rest of the URL is for tokio-postgres.
 /// The last of a repeated parameter wins, as in libpq.
-fn split_params(url: &str) -> Result<(String, LibpqParams), ConfigError> {
+fn split_params(url: &str) -> Result<(String, LibpqParams), UrlError> {
     let after_creds = url.find('@').map_or(0, |at| at + 1);
     let Some(q) = url[after_creds..].find('?').map(|q| q + after_creds) else {
         return Ok((url.to_owned(), LibpqParams::default()));
@@ -209,7 +196,7 @@ fn split_params(url: &str) -> Result<(String, LibpqParams), ConfigError> {
     let mut kept = Vec::new();
     for pair in url[q + 1..].split('&').filter(|p| !p.is_empty()) {
         let Some((key, value)) = pair.split_once('=') else {
-            return Err(ConfigError::BadUrl {
+            return Err(UrlError::BadUrl {
                 expected: KIND.usage,
             });
         };
@@ -226,7 +213,7 @@ fn split_params(url: &str) -> Result<(String, LibpqParams), ConfigError> {
                 continue;
             }
             k => {
-                return Err(ConfigError::Backend(format!(
+                return Err(UrlError::Backend(format!(
                     "the PostgreSQL URL has the parameter {:?}, which lockrun does not support \
                      (see the PostgreSQL URL's parameters in the README or lockrun(1))",
                     k.chars().take(32).collect::<String>()
@@ -264,22 +251,22 @@ fn percent_decode(s: &str) -> String {
 }
 
 /// Checks a PostgreSQL URL and `--pg-table`; the context's password wins.
-pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<PostgresTarget, ConfigError> {
+pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<PostgresTarget, UrlError> {
     let (url, params) = split_params(url)?;
-    let mut config: tokio_postgres::Config = url.parse().map_err(|_| ConfigError::BadUrl {
+    let mut config: tokio_postgres::Config = url.parse().map_err(|_| UrlError::BadUrl {
         expected: KIND.usage,
     })?;
     // libpq's URL form takes port 0 (in the host list or as `?port=0`); nothing
     // listens there.
     if config.get_ports().contains(&0) {
-        return Err(ConfigError::PortZero);
+        return Err(UrlError::PortZero);
     }
     if let Some(password) = &ctx.password {
         config.password(password.clone());
     }
-    let table = &ctx.args.postgres.table;
+    let table = &ctx.options.pg_table;
     if !valid_table_name(table) {
-        return Err(ConfigError::Backend(format!(
+        return Err(UrlError::Backend(format!(
             "invalid --pg-table {:?}: use NAME or SCHEMA.NAME of letters, digits and _",
             table.chars().take(64).collect::<String>()
         )));
@@ -293,8 +280,8 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<PostgresTarget, ConfigEr
 }
 
 /// A file named by a parameter or a variable: its contents, or a 125 naming it.
-fn read_file(var: &'static str, path: &str) -> Result<Vec<u8>, ConfigError> {
-    std::fs::read(path).map_err(|e| ConfigError::TlsFile {
+fn read_file(var: &'static str, path: &str) -> Result<Vec<u8>, UrlError> {
+    std::fs::read(path).map_err(|e| UrlError::TlsFile {
         var,
         path: path.to_owned(),
         reason: e.kind().to_string(),
@@ -303,9 +290,9 @@ fn read_file(var: &'static str, path: &str) -> Result<Vec<u8>, ConfigError> {
 
 /// libpq's refusal of a private key others may read: at most 0600 for a file of ours,
 /// 0640 for one of root's.
-fn check_key_mode(var: &'static str, path: &str) -> Result<(), ConfigError> {
+fn check_key_mode(var: &'static str, path: &str) -> Result<(), UrlError> {
     use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).map_err(|e| ConfigError::TlsFile {
+    let meta = std::fs::metadata(path).map_err(|e| UrlError::TlsFile {
         var,
         path: path.to_owned(),
         reason: e.kind().to_string(),
@@ -313,7 +300,7 @@ fn check_key_mode(var: &'static str, path: &str) -> Result<(), ConfigError> {
     let mode = meta.mode() & 0o777;
     let allowed = if meta.uid() == 0 { 0o640 } else { 0o600 };
     if meta.is_file() && mode & !allowed != 0 {
-        return Err(ConfigError::Backend(format!(
+        return Err(UrlError::Backend(format!(
             "{var} ({path}) can be read by others (mode {mode:04o}): chmod 600 it \
              (0640 if root owns it), as libpq requires"
         )));
@@ -327,7 +314,7 @@ fn tls(
     params: &LibpqParams,
     config: &mut tokio_postgres::Config,
     ctx: &UrlContext<'_>,
-) -> Result<Option<PgTls>, ConfigError> {
+) -> Result<Option<PgTls>, UrlError> {
     use tokio_postgres::config::{ChannelBinding, SslMode as PgMode, SslNegotiation};
     let system = params.sslrootcert.as_deref() == Some("system");
     let mode = match params.sslmode.as_deref() {
@@ -337,7 +324,7 @@ fn tls(
         None => SslMode::Prefer,
     };
     if system && mode != SslMode::VerifyFull {
-        return Err(ConfigError::Backend(format!(
+        return Err(UrlError::Backend(format!(
             "sslrootcert=system needs sslmode=verify-full, not {} (any CA of the system \
              may have signed a certificate for any name)",
             mode.as_str()
@@ -346,7 +333,7 @@ fn tls(
     match params.gssencmode.as_deref() {
         None | Some("disable" | "prefer") => {}
         Some(_) => {
-            return Err(ConfigError::Backend(
+            return Err(UrlError::Backend(
                 "lockrun does not use GSSAPI encryption: use gssencmode=disable (or leave it \
                  out) and sslmode for TLS"
                     .to_owned(),
@@ -358,14 +345,14 @@ fn tls(
         Some("disable") => ChannelBinding::Disable,
         Some("require") => ChannelBinding::Require,
         Some(other) => {
-            return Err(ConfigError::Backend(format!(
+            return Err(UrlError::Backend(format!(
                 "channel_binding={} is not valid: use disable, prefer or require",
                 other.chars().take(32).collect::<String>()
             )))
         }
     };
     if binding == ChannelBinding::Require && mode == SslMode::Disable {
-        return Err(ConfigError::Backend(
+        return Err(UrlError::Backend(
             "channel_binding=require needs TLS: not with sslmode=disable".to_owned(),
         ));
     }
@@ -381,7 +368,7 @@ fn tls(
         return Ok(None);
     }
     if mode == SslMode::Prefer && config.get_ssl_negotiation() == SslNegotiation::Direct {
-        return Err(ConfigError::Backend(
+        return Err(UrlError::Backend(
             "sslnegotiation=direct needs sslmode=require, verify-ca or verify-full".to_owned(),
         ));
     }
@@ -422,7 +409,7 @@ fn tls(
         _ => ServerCheck::EncryptOnly,
     };
     if !has_roots && check != ServerCheck::EncryptOnly {
-        return Err(ConfigError::Backend(format!(
+        return Err(UrlError::Backend(format!(
             "sslmode={} needs the CA that signed the server's certificate: set \
              sslrootcert=FILE, sslrootcert=system or LOCKRUN_TLS_CA (or put it in \
              ~/.postgresql/root.crt)",
@@ -442,7 +429,7 @@ fn tls(
             )
         }
         (Some(_), None) | (None, Some(_)) => {
-            return Err(ConfigError::Backend(
+            return Err(UrlError::Backend(
                 "sslcert and sslkey go together: give both or neither".to_owned(),
             ))
         }
@@ -467,11 +454,11 @@ fn tls(
     };
     let client_pair = client.as_ref().map(|(c, k)| (c.as_slice(), k.as_slice()));
     let made = client_config(check, roots, client_pair).map_err(|e| match e {
-        ConfigError::Backend(why) if why.starts_with("the CA file") => {
-            ConfigError::Backend(format!("{why} ({ca_from})"))
+        UrlError::Backend(why) if why.starts_with("the CA file") => {
+            UrlError::Backend(format!("{why} ({ca_from})"))
         }
-        ConfigError::Backend(why) if why.starts_with("the client") => {
-            ConfigError::Backend(format!("{why} ({client_from})"))
+        UrlError::Backend(why) if why.starts_with("the client") => {
+            UrlError::Backend(format!("{why} ({client_from})"))
         }
         other => other,
     })?;
@@ -501,11 +488,11 @@ fn valid_table_name(table: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::table::testing::{args, ctx};
+    use crate::backend::url::testing::{ctx, options};
 
     #[test]
     fn postgres_urls_parse_and_hide_the_password() {
-        let a = args(&[]);
+        let a = options();
         let pg = parse(
             "postgres://u:pw@db.example:6543/app?sslmode=disable",
             &ctx(&a, None),
@@ -526,33 +513,33 @@ mod tests {
 
     #[test]
     fn port_0_is_refused() {
-        let a = args(&[]);
+        let a = options();
         for url in [
             "postgres://u:pw@h:0/db",
             "postgresql://h1:5432,h2:0/db",
             "postgres://h/db?port=0",
         ] {
             let e = parse(url, &ctx(&a, None)).unwrap_err();
-            assert_eq!(e, ConfigError::PortZero, "{url}");
+            assert_eq!(e, UrlError::PortZero, "{url}");
         }
         assert!(parse("postgres://h:5432/db", &ctx(&a, None)).is_ok());
     }
 
     #[test]
     fn the_table_name_must_be_a_plain_identifier() {
-        let mut a = args(&[]);
-        a.postgres.table = "x; drop table y".into();
+        let mut a = options();
+        a.pg_table = "x; drop table y".into();
         assert!(matches!(
             parse("postgres://localhost/test", &ctx(&a, None)),
-            Err(ConfigError::Backend(m)) if m.contains("--pg-table")
+            Err(UrlError::Backend(m)) if m.contains("--pg-table")
         ));
         assert!(valid_table_name("locks.lockrun_leases"));
         assert!(!valid_table_name("a.b.c"));
     }
 
     /// Parses `url` with the environment `env` (name, value).
-    fn parse_env(url: &str, env: &[(&str, String)]) -> Result<PostgresTarget, ConfigError> {
-        let a = args(&[]);
+    fn parse_env(url: &str, env: &[(&str, String)]) -> Result<PostgresTarget, UrlError> {
+        let a = options();
         let env: Vec<(String, String)> = env
             .iter()
             .map(|(k, v)| (k.to_string(), v.clone()))
@@ -560,13 +547,13 @@ mod tests {
         let get = move |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
         let ctx = UrlContext {
             password: None,
-            args: &a,
+            options: &a,
             env: &get,
         };
         parse(url, &ctx)
     }
 
-    fn line(r: Result<PostgresTarget, ConfigError>) -> String {
+    fn line(r: Result<PostgresTarget, UrlError>) -> String {
         r.unwrap_err().to_string()
     }
 

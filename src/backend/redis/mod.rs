@@ -90,10 +90,10 @@ use std::time::Duration;
 use redis::FromRedisValue;
 
 use crate::backend::conn::{self as slot, InUse};
+use crate::backend::url::BackendConfig;
 use crate::backend::{
     slots_conflict, wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release,
 };
-use crate::config::BackendConfig;
 use crate::log::{emit, Event, Level};
 use conn::{RedisConn, RedisSlot, Subscriber, SubscriberSlot};
 use replies::{AcquireReply, Checked, Done, HoldersReply};

@@ -69,10 +69,8 @@ use futures_util::future::{join_all, select_all};
 use super::replies::{AcquireReply, HoldersReply};
 use super::target::{self, RedisTarget};
 use super::RedisBackend;
-use crate::backend::{
-    Acquire, AcquireRequest, AnyBackend, Backend, BackendError, Holder, Release, Target, UrlContext,
-};
-use crate::config::{BackendConfig, ConfigError};
+use crate::backend::url::{BackendConfig, Target, UrlContext, UrlError};
+use crate::backend::{Acquire, AcquireRequest, AnyBackend, Backend, BackendError, Holder, Release};
 use votes::{choose_slot, conflict_in, disagree, free_maps, group, other_n, votes};
 
 /// The fewest servers a quorum may have: with fewer, one failure stops every lock.
@@ -86,10 +84,10 @@ pub struct RedlockTarget {
 
 /// Checks several URLs into a quorum: every one a plain `redis://` or `rediss://`
 /// server (not Sentinel), and at least [`MIN_NODES`] of them.
-pub fn parse(urls: &[String], ctx: &UrlContext<'_>) -> Result<Arc<dyn Target>, ConfigError> {
+pub fn parse(urls: &[String], ctx: &UrlContext<'_>) -> Result<Arc<dyn Target>, UrlError> {
     let is_redis = |u: &String| u.starts_with("redis://") || u.starts_with("rediss://");
     if urls.len() < MIN_NODES || !urls.iter().all(is_redis) {
-        return Err(ConfigError::BadQuorum);
+        return Err(UrlError::BadQuorum);
     }
     let nodes = urls
         .iter()
@@ -517,11 +515,11 @@ impl Backend for RedlockBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::table::testing::{args, ctx};
+    use crate::backend::url::testing::{ctx, options};
 
     #[test]
     fn a_quorum_needs_three_plain_redis_servers() {
-        let a = args(&[]);
+        let a = options();
         let urls = |u: &[&str]| u.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let t = parse(
             &urls(&["redis://a:1", "redis://b:2", "rediss://c:3"]),
@@ -536,7 +534,7 @@ mod tests {
         ] {
             assert_eq!(
                 parse(&bad, &ctx(&a, None)).unwrap_err(),
-                ConfigError::BadQuorum,
+                UrlError::BadQuorum,
                 "{bad:?}"
             );
         }

@@ -32,10 +32,11 @@ use super::conn::client;
 use super::errors::{describe, describe_in, Context};
 use super::probe;
 use super::target::{self, RedisTarget};
-use crate::backend::table::{host_list, split_userinfo};
 use crate::backend::tls::TlsFiles;
-use crate::backend::{BackendError, Kind, UrlContext};
-use crate::config::ConfigError;
+use crate::backend::url::UrlError;
+use crate::backend::url::{host_list, split_userinfo};
+use crate::backend::url::{Kind, UrlContext};
+use crate::backend::BackendError;
 
 /// The table line of Redis behind Sentinel.
 pub const KIND: Kind = Kind {
@@ -99,8 +100,8 @@ impl std::fmt::Debug for Credentials {
 
 /// Checks a `redis+sentinel://` or `rediss+sentinel://` URL into the master's connection
 /// settings (on a placeholder address) and the Sentinels to ask for the real one.
-pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, ConfigError> {
-    let bad = || ConfigError::BadUrl {
+pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, UrlError> {
+    let bad = || UrlError::BadUrl {
         expected: KIND.usage,
     };
     let (tls, rest) = match url.split_once("://") {
@@ -127,7 +128,7 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, ConfigError
         db.unwrap_or("0")
     );
     let mut node = target::parse(&template, ctx).map_err(|e| match e {
-        ConfigError::BadUrl { .. } => bad(),
+        UrlError::BadUrl { .. } => bad(),
         other => other,
     })?;
     let (auth, own_auth) = sentinel_auth(&node, ctx)?;
@@ -145,11 +146,11 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, ConfigError
 fn sentinel_auth(
     node: &RedisTarget,
     ctx: &UrlContext<'_>,
-) -> Result<(Option<Credentials>, bool), ConfigError> {
+) -> Result<(Option<Credentials>, bool), UrlError> {
     let var = |name: &str| (ctx.env)(name).filter(|v| !v.is_empty());
     match (var(PASSWORD_VAR), var(USER_VAR)) {
         (Some(password), user) => Ok((Some(Credentials { user, password }), true)),
-        (None, Some(_)) => Err(ConfigError::Backend(format!(
+        (None, Some(_)) => Err(UrlError::Backend(format!(
             "{USER_VAR} is set without {PASSWORD_VAR}: set both for a Sentinel ACL user, \
              or neither to ask the Sentinels with the master's user and password"
         ))),
@@ -411,19 +412,18 @@ fn host_port(host: &str, port: u16) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::table::testing::{args, ctx};
-    use crate::backend::Target;
-    use crate::cli::BackendArgs;
+    use crate::backend::url::testing::{ctx, options};
+    use crate::backend::url::{BackendOptions, Target};
 
     /// A context with `password` and the environment `env` (name, value pairs).
     fn ctx_env<'a>(
-        a: &'a BackendArgs,
+        a: &'a BackendOptions,
         password: Option<&str>,
         env: &'a dyn Fn(&str) -> Option<String>,
     ) -> UrlContext<'a> {
         UrlContext {
             password: password.map(str::to_owned),
-            args: a,
+            options: a,
             env,
         }
     }
@@ -434,7 +434,7 @@ mod tests {
 
     #[test]
     fn sentinel_urls_name_the_sentinels_and_the_master() {
-        let a = args(&[]);
+        let a = options();
         let node = parse(
             "redis+sentinel://:pw@s1:26379,s2:26380/mymaster/2",
             &ctx(&a, None),
@@ -458,7 +458,7 @@ mod tests {
             let e = parse(bad, &ctx(&a, None)).unwrap_err();
             assert_eq!(
                 e,
-                ConfigError::BadUrl {
+                UrlError::BadUrl {
                     expected: KIND.usage
                 },
                 "{bad}"
@@ -467,13 +467,13 @@ mod tests {
         }
         assert_eq!(
             parse("redis+sentinel://s1:1,s2:0/m", &ctx(&a, None)).unwrap_err(),
-            ConfigError::PortZero
+            UrlError::PortZero
         );
     }
 
     #[test]
     fn rediss_sentinel_is_tls_to_the_sentinels_and_the_master() {
-        let a = args(&[]);
+        let a = options();
         let node = parse("rediss+sentinel://s1:26379/m", &ctx(&a, None)).unwrap();
         assert!(node.tls.is_some());
         assert!(matches!(
@@ -487,7 +487,7 @@ mod tests {
         let env = |v: &str| (v == "LOCKRUN_TLS_CA").then(|| "/nonexistent/ca.pem".to_owned());
         assert!(matches!(
             parse("rediss+sentinel://s1:26379/m", &ctx_env(&a, None, &env)),
-            Err(ConfigError::TlsFile {
+            Err(UrlError::TlsFile {
                 var: "LOCKRUN_TLS_CA",
                 ..
             })
@@ -496,7 +496,7 @@ mod tests {
 
     #[test]
     fn the_sentinels_get_the_masters_credentials_unless_they_have_their_own() {
-        let a = args(&[]);
+        let a = options();
         let url = "redis+sentinel://app:urlpw@s1:1/m";
         let cred = |user: Option<&str>, password: &str| Credentials {
             user: user.map(str::to_owned),
@@ -542,7 +542,7 @@ mod tests {
 
     #[test]
     fn no_password_is_ever_shown() {
-        let a = args(&[]);
+        let a = options();
         let both = |v: &str| match v {
             PASSWORD_VAR => Some("SENTINEL-SECRET".to_owned()),
             USER_VAR => Some("watcher".to_owned()),
@@ -568,7 +568,7 @@ mod tests {
 
     #[test]
     fn answers_are_judged_and_refusals_named_as_the_sentinels() {
-        let a = args(&[]);
+        let a = options();
         let t = parse("redis+sentinel://:pw@s1:1/m", &ctx(&a, None)).unwrap();
         let s = sentinels(&t);
         let addr = Value::Array(vec![
