@@ -1,6 +1,8 @@
 //! Unit tests of [`super`] (`backend::redis`).
 
+use super::requests::shown;
 use super::*;
+use crate::backend::Holder;
 use replies::SlotHolder;
 
 fn holder(slot: u32, slots: u32) -> SlotHolder {
