@@ -58,58 +58,21 @@
 //! while the lease runs, clocks that jump, long pauses), the fencing token is what
 //! protects the downstream store: see the README.
 
+mod urls;
 mod votes;
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use futures_util::future::{join_all, select_all};
 
 use super::replies::{AcquireReply, HoldersReply};
-use super::target::{self, RedisTarget};
 use super::RedisBackend;
-use crate::backend::url::{BackendConfig, Target, UrlContext, UrlError};
-use crate::backend::{Acquire, AcquireRequest, AnyBackend, Backend, BackendError, Holder, Release};
+use crate::backend::url::{BackendConfig, Target};
+use crate::backend::{Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
+pub use urls::{parse, RedlockTarget, MIN_NODES};
 use votes::{choose_slot, conflict_in, disagree, free_maps, group, other_n, votes};
-
-/// The fewest servers a quorum may have: with fewer, one failure stops every lock.
-pub const MIN_NODES: usize = 3;
-
-/// Several `redis://` URLs, checked: at least [`MIN_NODES`] independent servers.
-#[derive(Clone, Debug)]
-pub struct RedlockTarget {
-    nodes: Vec<RedisTarget>,
-}
-
-/// Checks several URLs into a quorum: every one a plain `redis://` or `rediss://`
-/// server (not Sentinel), and at least [`MIN_NODES`] of them.
-pub fn parse(urls: &[String], ctx: &UrlContext<'_>) -> Result<Arc<dyn Target>, UrlError> {
-    let is_redis = |u: &String| u.starts_with("redis://") || u.starts_with("rediss://");
-    if urls.len() < MIN_NODES || !urls.iter().all(is_redis) {
-        return Err(UrlError::BadQuorum);
-    }
-    let nodes = urls
-        .iter()
-        .map(|u| target::parse(u, ctx))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Arc::new(RedlockTarget { nodes }))
-}
-
-impl Target for RedlockTarget {
-    fn display(&self) -> String {
-        let shown: Vec<String> = self.nodes.iter().map(|n| n.display()).collect();
-        shown.join(",")
-    }
-
-    fn open(&self, config: &BackendConfig, waiting: bool) -> AnyBackend {
-        AnyBackend::new(RedlockBackend::new(self, config, waiting))
-    }
-
-    fn semaphores(&self) -> bool {
-        true
-    }
-}
 
 /// A lock backend over a quorum of independent Redis servers.
 pub struct RedlockBackend {

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::backend::url::testing::{ctx, options};
+use crate::backend::url::UrlError;
 
 #[test]
 fn a_quorum_needs_three_plain_redis_servers() {
