@@ -245,34 +245,9 @@ impl Sentinels {
         let settings = info.redis_settings().clone().set_skip_set_lib_name();
         let client = client(info.set_redis_settings(settings), tls)
             .map_err(|e| describe_in(&e, &ctx, None))?;
-        let mut pipe = redis::pipe();
-        if let Some(auth) = &self.auth {
-            let cmd = pipe.cmd("AUTH");
-            if let Some(user) = &auth.user {
-                cmd.arg(user);
-            }
-            cmd.arg(&auth.password);
-        }
-        pipe.cmd("SENTINEL")
-            .arg("get-master-addr-by-name")
-            .arg(&self.master)
-            .ignore_errors();
-        let connecting = client.get_multiplexed_async_connection();
-        let mut connecting = std::pin::pin!(connecting);
-        let made = match tls {
-            Some(_) => tokio::select! {
-                made = &mut connecting => made,
-                () = tokio::time::sleep(probe::SUSPECT_AFTER) => {
-                    if probe::speaks_plain_redis(&port).await {
-                        return Err(wrong_scheme(addr, true));
-                    }
-                    connecting.await
-                }
-            },
-            None => connecting.await,
-        };
+        let made = connect(&client, addr, tls.is_some(), &port).await?;
         let replies: RedisResult<Vec<RedisResult<Value>>> = match made {
-            Ok(mut conn) => pipe.query_async(&mut conn).await,
+            Ok(mut conn) => self.question().query_async(&mut conn).await,
             Err(e) => Err(e),
         };
         let replies = match replies {
@@ -288,19 +263,10 @@ impl Sentinels {
             // TLS 1.3: the server checks our certificate after the handshake has ended
             // on our side, and its alert is lost when our write fails first.
             Err(e) if e.is_connection_dropped() && !e.is_connection_refusal() => {
-                if let Some(tls) = tls {
-                    return Err(BackendError::Unavailable(format!(
-                        "Sentinel {addr} closed the TLS connection before answering: {}",
-                        if tls.client.is_none() {
-                            "if it demands a client certificate (tls-auth-clients), set \
-                             LOCKRUN_TLS_CERT and LOCKRUN_TLS_KEY"
-                        } else {
-                            "if it does not trust the client certificate of LOCKRUN_TLS_CERT, \
-                             use one signed by a CA it trusts (its tls-ca-cert-file)"
-                        }
-                    )));
-                }
-                return Err(describe_in(&e, &ctx, None));
+                return Err(match tls {
+                    Some(tls) => closed_before_answering(addr, tls),
+                    None => describe_in(&e, &ctx, None),
+                });
             }
             Err(e) => return Err(describe_in(&e, &ctx, None)),
         };
@@ -356,6 +322,17 @@ impl Sentinels {
         if !is_auth(e) {
             return Err(describe(e, &format!("Sentinel {addr}")));
         }
+        Err(self.auth_refused(addr, auth, e))
+    }
+
+    /// The refusal of authentication by Sentinel `addr` (`e`, or AUTH's own error in
+    /// `auth`), with what to set.
+    fn auth_refused(
+        &self,
+        addr: &str,
+        auth: Option<&RedisResult<Value>>,
+        e: &redis::RedisError,
+    ) -> BackendError {
         // Why it was refused: AUTH's own error if it had one, else the question's.
         let why = match auth {
             Some(Err(a)) => a,
@@ -377,11 +354,68 @@ impl Sentinels {
                  {USER_VAR} for an ACL user) if the Sentinels' differ"
             ),
         };
-        Err(BackendError::Refused(format!(
+        BackendError::Refused(format!(
             "Sentinel {addr} refused authentication ({}): {fix}",
             why.trim()
-        )))
+        ))
     }
+
+    /// `AUTH` (if we have credentials) and the question, in one pipeline.
+    fn question(&self) -> redis::Pipeline {
+        let mut pipe = redis::pipe();
+        if let Some(auth) = &self.auth {
+            let cmd = pipe.cmd("AUTH");
+            if let Some(user) = &auth.user {
+                cmd.arg(user);
+            }
+            cmd.arg(&auth.password);
+        }
+        pipe.cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&self.master)
+            .ignore_errors();
+        pipe
+    }
+}
+
+/// Connects `client` to Sentinel `addr`. Over TLS (`tls`), a handshake that takes long
+/// has the port (`port`) looked at: one that answers in plain text is refused.
+async fn connect(
+    client: &redis::Client,
+    addr: &str,
+    tls: bool,
+    port: &redis::ConnectionAddr,
+) -> Result<RedisResult<redis::aio::MultiplexedConnection>, BackendError> {
+    let connecting = client.get_multiplexed_async_connection();
+    let mut connecting = std::pin::pin!(connecting);
+    if !tls {
+        return Ok(connecting.await);
+    }
+    Ok(tokio::select! {
+        made = &mut connecting => made,
+        () = tokio::time::sleep(probe::SUSPECT_AFTER) => {
+            if probe::speaks_plain_redis(port).await {
+                return Err(wrong_scheme(addr, true));
+            }
+            connecting.await
+        }
+    })
+}
+
+/// TLS 1.3: the server checks our certificate after the handshake has ended on our
+/// side, and its alert is lost when our write fails first. What to set, by whether a
+/// client certificate was given.
+fn closed_before_answering(addr: &str, tls: &TlsFiles) -> BackendError {
+    BackendError::Unavailable(format!(
+        "Sentinel {addr} closed the TLS connection before answering: {}",
+        if tls.client.is_none() {
+            "if it demands a client certificate (tls-auth-clients), set \
+             LOCKRUN_TLS_CERT and LOCKRUN_TLS_KEY"
+        } else {
+            "if it does not trust the client certificate of LOCKRUN_TLS_CERT, \
+             use one signed by a CA it trusts (its tls-ca-cert-file)"
+        }
+    ))
 }
 
 /// The line for a Sentinel port that speaks the other scheme: plain text although TLS
