@@ -58,80 +58,92 @@ fn as_rustls<'e>(e: &'e (dyn std::error::Error + 'static)) -> Option<&'e rustls:
 
 /// The words for a rustls error about a certificate, if it is one.
 pub(super) fn rustls_problem(e: &rustls::Error) -> Option<(CertProblem, String)> {
+    match e {
+        rustls::Error::InvalidCertificate(c) => Some(server_problem(c)),
+        rustls::Error::AlertReceived(alert) => client_problem(*alert),
+        rustls::Error::NoCertificatesPresented => Some((
+            CertProblem::Other,
+            "the server presented no certificate".to_owned(),
+        )),
+        _ => None,
+    }
+}
+
+/// The words for the server's certificate, refused here.
+fn server_problem(c: &CertificateError) -> (CertProblem, String) {
     use CertProblem::*;
     const SERVER: &str = "the server's certificate";
-    Some(match e {
-        rustls::Error::InvalidCertificate(c) => match c {
-            CertificateError::UnknownIssuer => {
-                (UnknownIssuer, format!("{SERVER} is signed by an unknown CA"))
-            }
-            CertificateError::NotValidForNameContext { expected, presented } => {
-                let names = if presented.is_empty() {
-                    "none".to_owned()
-                } else {
-                    presented
-                        .iter()
-                        .map(|n| plain_name(n))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                };
-                (
-                    WrongName,
-                    format!(
-                        "{SERVER} is not valid for the host name {} (it names: {names})",
-                        show_name(expected)
-                    ),
-                )
-            }
-            CertificateError::NotValidForName => {
-                (WrongName, format!("{SERVER} is not valid for the host name"))
-            }
-            CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
-                (Dates, format!("{SERVER} has expired"))
-            }
-            CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
-                (Dates, format!("{SERVER} is not valid yet (check the clocks)"))
-            }
-            CertificateError::Revoked => (Other, format!("{SERVER} has been revoked")),
-            CertificateError::BadSignature => (
-                UnknownIssuer,
-                format!(
-                    "{SERVER} has a signature its trusted CA did not make (another CA of the same name?)"
-                ),
-            ),
-            CertificateError::BadEncoding => (Other, format!("{SERVER} cannot be decoded")),
-            CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. } => (
-                Other,
-                format!("{SERVER} is not for a TLS server (its extended key usage)"),
-            ),
-            other => (Other, format!("{SERVER} was refused: {other:?}")),
-        },
-        rustls::Error::AlertReceived(alert) => match alert {
-            AlertDescription::CertificateRequired => (
-                ClientCertWanted,
-                "the server asked for a client certificate".to_owned(),
-            ),
-            AlertDescription::UnknownCA
-            | AlertDescription::BadCertificate
-            | AlertDescription::CertificateUnknown
-            | AlertDescription::UnsupportedCertificate
-            | AlertDescription::AccessDenied => (
-                ClientCertRefused,
-                "the server refused the client certificate".to_owned(),
-            ),
-            AlertDescription::CertificateExpired => (
-                ClientCertRefused,
-                "the server refused the client certificate: it has expired".to_owned(),
-            ),
-            AlertDescription::CertificateRevoked => (
-                ClientCertRefused,
-                "the server refused the client certificate: it has been revoked".to_owned(),
-            ),
-            _ => return None,
-        },
-        rustls::Error::NoCertificatesPresented => {
-            (Other, "the server presented no certificate".to_owned())
+    match c {
+        CertificateError::UnknownIssuer => {
+            (UnknownIssuer, format!("{SERVER} is signed by an unknown CA"))
         }
+        CertificateError::NotValidForNameContext { expected, presented } => {
+            let names = if presented.is_empty() {
+                "none".to_owned()
+            } else {
+                presented
+                    .iter()
+                    .map(|n| plain_name(n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            (
+                WrongName,
+                format!(
+                    "{SERVER} is not valid for the host name {} (it names: {names})",
+                    show_name(expected)
+                ),
+            )
+        }
+        CertificateError::NotValidForName => {
+            (WrongName, format!("{SERVER} is not valid for the host name"))
+        }
+        CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+            (Dates, format!("{SERVER} has expired"))
+        }
+        CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+            (Dates, format!("{SERVER} is not valid yet (check the clocks)"))
+        }
+        CertificateError::Revoked => (Other, format!("{SERVER} has been revoked")),
+        CertificateError::BadSignature => (
+            UnknownIssuer,
+            format!(
+                "{SERVER} has a signature its trusted CA did not make (another CA of the same name?)"
+            ),
+        ),
+        CertificateError::BadEncoding => (Other, format!("{SERVER} cannot be decoded")),
+        CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. } => (
+            Other,
+            format!("{SERVER} is not for a TLS server (its extended key usage)"),
+        ),
+        other => (Other, format!("{SERVER} was refused: {other:?}")),
+    }
+}
+
+/// The words for the server's alert about our client certificate, if it is one.
+fn client_problem(alert: AlertDescription) -> Option<(CertProblem, String)> {
+    use CertProblem::*;
+    Some(match alert {
+        AlertDescription::CertificateRequired => (
+            ClientCertWanted,
+            "the server asked for a client certificate".to_owned(),
+        ),
+        AlertDescription::UnknownCA
+        | AlertDescription::BadCertificate
+        | AlertDescription::CertificateUnknown
+        | AlertDescription::UnsupportedCertificate
+        | AlertDescription::AccessDenied => (
+            ClientCertRefused,
+            "the server refused the client certificate".to_owned(),
+        ),
+        AlertDescription::CertificateExpired => (
+            ClientCertRefused,
+            "the server refused the client certificate: it has expired".to_owned(),
+        ),
+        AlertDescription::CertificateRevoked => (
+            ClientCertRefused,
+            "the server refused the client certificate: it has been revoked".to_owned(),
+        ),
         _ => return None,
     })
 }
