@@ -118,42 +118,13 @@ pub fn client_config(
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| UrlError::Backend(format!("cannot set up TLS: {e}")))?;
-    let verifier: Arc<dyn ServerCertVerifier> = match check {
-        ServerCheck::EncryptOnly => Arc::new(EncryptOnly(provider.clone())),
-        ServerCheck::Chain | ServerCheck::ChainAndName | ServerCheck::ChainAndNameOrCommonName => {
-            let store = root_store(roots)?;
-            let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider)
-                .build()
-                .map_err(|e| UrlError::Backend(format!("cannot use the CA file: {e}")))?;
-            match check {
-                ServerCheck::Chain => Arc::new(AnyName(webpki, NameRule::Any)),
-                ServerCheck::ChainAndNameOrCommonName => {
-                    Arc::new(AnyName(webpki, NameRule::CommonName))
-                }
-                _ => webpki,
-            }
-        }
-    };
     let builder = builder
         .dangerous()
-        .with_custom_certificate_verifier(verifier);
+        .with_custom_certificate_verifier(verifier(check, roots, provider)?);
     let config = match client {
         None => builder.with_no_client_auth(),
         Some((cert, key)) => {
-            let chain = pem_certificates(cert)
-                .map_err(|why| UrlError::Backend(format!("the client certificate file {why}")))?;
-            if chain.is_empty() {
-                return Err(UrlError::Backend(
-                    "the client certificate file holds no PEM certificate".to_owned(),
-                ));
-            }
-            // The reason is not shown: it could quote the key.
-            let key = PrivateKeyDer::from_pem_slice(key).map_err(|_| {
-                UrlError::Backend(
-                    "the client key file holds no usable private key (PEM: PKCS#8, PKCS#1 or SEC1)"
-                        .to_owned(),
-                )
-            })?;
+            let (chain, key) = client_identity(cert, key)?;
             builder
                 .with_client_auth_cert(chain, key)
                 .map_err(|e| match e {
@@ -170,6 +141,52 @@ pub fn client_config(
         }
     };
     Ok(Arc::new(config))
+}
+
+/// The check of the server's certificate that `check` asks for, against `roots`.
+fn verifier(
+    check: ServerCheck,
+    roots: Roots<'_>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Arc<dyn ServerCertVerifier>, UrlError> {
+    Ok(match check {
+        ServerCheck::EncryptOnly => Arc::new(EncryptOnly(provider)),
+        ServerCheck::Chain | ServerCheck::ChainAndName | ServerCheck::ChainAndNameOrCommonName => {
+            let store = root_store(roots)?;
+            let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider)
+                .build()
+                .map_err(|e| UrlError::Backend(format!("cannot use the CA file: {e}")))?;
+            match check {
+                ServerCheck::Chain => Arc::new(AnyName(webpki, NameRule::Any)),
+                ServerCheck::ChainAndNameOrCommonName => {
+                    Arc::new(AnyName(webpki, NameRule::CommonName))
+                }
+                _ => webpki,
+            }
+        }
+    })
+}
+
+/// The client certificate chain and key of PEM files `cert` and `key`.
+fn client_identity(
+    cert: &[u8],
+    key: &[u8],
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), UrlError> {
+    let chain = pem_certificates(cert)
+        .map_err(|why| UrlError::Backend(format!("the client certificate file {why}")))?;
+    if chain.is_empty() {
+        return Err(UrlError::Backend(
+            "the client certificate file holds no PEM certificate".to_owned(),
+        ));
+    }
+    // The reason is not shown: it could quote the key.
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|_| {
+        UrlError::Backend(
+            "the client key file holds no usable private key (PEM: PKCS#8, PKCS#1 or SEC1)"
+                .to_owned(),
+        )
+    })?;
+    Ok((chain, key))
 }
 
 /// The certificates of a PEM file (an empty list if it has none), or why not.
