@@ -410,13 +410,7 @@ impl RedisBackend {
             match redirect_of(&e, from.as_ref()) {
                 Some(_) if !self.router.follows() => {
                     c.keep();
-                    return Err(BackendError::Refused(format!(
-                        "Redis at {at} is a node of a Redis Cluster (it answered {}): several \
-                         --url make a Redlock quorum of independent servers; give one node \
-                         of the Cluster (redis://HOST:PORT) or its seeds \
-                         (redis+cluster://HOST:PORT,HOST:PORT) as the one --url",
-                        e.code().unwrap_or("MOVED")
-                    )));
+                    return Err(not_following(&at, &e));
                 }
                 Some(Ok(Redirect::Moved(node))) => {
                     self.router.moved(&node);
@@ -425,18 +419,8 @@ impl RedisBackend {
                 }
                 Some(Ok(Redirect::Ask(node))) => {
                     c.keep();
-                    match self.asking(&node, cmd).await? {
-                        Ok(v) => return Ok(v),
-                        Err(e) if is_tryagain(&e) => {
-                            tokio::time::sleep(pause).await;
-                            pause = (pause * 2).min(TRYAGAIN_MAX);
-                        }
-                        Err(e) if redirect_of(&e, Some(&node)).is_some() => {}
-                        Err(e) => {
-                            let at = show(&node);
-                            let ctx = Context::new(&self.target, &at, &self.key_prefix);
-                            return Err(describe_in(&e, &ctx, Some(script)));
-                        }
+                    if let Some(v) = self.follow_ask(&node, cmd, script, &mut pause).await? {
+                        return Ok(v);
                     }
                 }
                 Some(Err(())) => return c.settle(Err(describe(&e, &at))),
@@ -459,6 +443,32 @@ impl RedisBackend {
         )))
     }
 
+    /// Follows an `ASK` redirection to `node`: its answer, or `None` to try again (a
+    /// `TRYAGAIN`, after a pause that doubles up to [`TRYAGAIN_MAX`], or a further
+    /// redirection).
+    async fn follow_ask(
+        &self,
+        node: &(String, u16),
+        cmd: &redis::Cmd,
+        script: Script,
+        pause: &mut Duration,
+    ) -> Result<Option<Value>, BackendError> {
+        match self.asking(node, cmd).await? {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if is_tryagain(&e) => {
+                tokio::time::sleep(*pause).await;
+                *pause = (*pause * 2).min(TRYAGAIN_MAX);
+                Ok(None)
+            }
+            Err(e) if redirect_of(&e, Some(node)).is_some() => Ok(None),
+            Err(e) => {
+                let at = show(node);
+                let ctx = Context::new(&self.target, &at, &self.key_prefix);
+                Err(describe_in(&e, &ctx, Some(script)))
+            }
+        }
+    }
+
     /// `ASKING`, then `cmd`, on a connection of their own to `node` (the target of a
     /// slot migration).
     /// The outer error: no connection could be made.
@@ -476,6 +486,18 @@ impl RedisBackend {
             },
         )
     }
+}
+
+/// The refusal of a Cluster node's redirection (`e`) where lockrun was not told it
+/// talks to a Cluster (`redis://`, or several `--url`).
+fn not_following(at: &str, e: &redis::RedisError) -> BackendError {
+    BackendError::Refused(format!(
+        "Redis at {at} is a node of a Redis Cluster (it answered {}): several \
+         --url make a Redlock quorum of independent servers; give one node \
+         of the Cluster (redis://HOST:PORT) or its seeds \
+         (redis+cluster://HOST:PORT,HOST:PORT) as the one --url",
+        e.code().unwrap_or("MOVED")
+    ))
 }
 
 #[cfg(test)]
