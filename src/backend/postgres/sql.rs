@@ -175,17 +175,7 @@ impl Sql {
         let limit = holder("0");
         let live = "r.expires_at > now() AND r.token <> ''";
         Sql {
-            // One simple query, so one implicit transaction: the advisory lock makes
-            // concurrent first runs create the table one after the other.
-            setup: format!(
-                "SELECT pg_advisory_xact_lock(1819239283, {key}); \
-                 CREATE TABLE IF NOT EXISTS {table} ( \
-                   name text PRIMARY KEY, token text NOT NULL, fence bigint NOT NULL, \
-                   host text NOT NULL, pid bigint NOT NULL, since timestamptz NOT NULL, \
-                   expires_at timestamptz NOT NULL); \
-                 CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint CACHE 1",
-                key = fnv1a(table.to_ascii_lowercase().as_bytes()) as i32
-            ),
+            setup: setup(table, &seq),
             acquire: acquire(table, &seq),
             acquire_slot: slots::acquire(table, &seq),
             // Renewal, and `--hold-at-least` at release: a new expiry for our lease.
@@ -210,26 +200,46 @@ impl Sql {
                  SELECT {limit} FROM {table} r \
                  WHERE r.name = $2 AND {live} AND {SLOTS_OF_TOKEN} <> $3"
             ),
-            // One NOTIFY however many slots it frees: PostgreSQL folds a transaction's
-            // equal notifications into one. The limit row goes with the semaphore's
-            // holders (never a plain lock's: no limit row records N = 1).
-            force: format!(
-                "WITH lifted AS ( \
-                   UPDATE {table} SET token = '', expires_at = now() \
-                   WHERE name = $3 AND token = '/' || array_length($1::text[], 1) \
-                   AND expires_at > now()) \
-                 UPDATE {table} AS l SET token = '', expires_at = now() FROM ( \
-                   SELECT t.*, k.i FROM unnest($1::text[]) WITH ORDINALITY AS k(name, i) \
-                   JOIN {table} t ON t.name = k.name \
-                   WHERE t.expires_at > now() AND t.token <> '' FOR UPDATE OF t) r \
-                 WHERE l.name = r.name \
-                 RETURNING {by_slot}, pg_notify($2, '')::text",
-                by_slot = holder("r.i - 1")
-            )
-            .replace("now()", "statement_timestamp()"),
+            force: force(table),
             leave: leave(table),
         }
     }
+}
+
+/// Creates the table and its sequence when missing. One simple query, so one implicit
+/// transaction: the advisory lock makes concurrent first runs create the table one
+/// after the other.
+fn setup(table: &str, seq: &str) -> String {
+    format!(
+        "SELECT pg_advisory_xact_lock(1819239283, {key}); \
+         CREATE TABLE IF NOT EXISTS {table} ( \
+           name text PRIMARY KEY, token text NOT NULL, fence bigint NOT NULL, \
+           host text NOT NULL, pid bigint NOT NULL, since timestamptz NOT NULL, \
+           expires_at timestamptz NOT NULL); \
+         CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint CACHE 1",
+        key = fnv1a(table.to_ascii_lowercase().as_bytes()) as i32
+    )
+}
+
+/// Breaks every slot of a name (`release --force`), answering the holders removed.
+/// One NOTIFY however many slots it frees: PostgreSQL folds a transaction's
+/// equal notifications into one. The limit row goes with the semaphore's
+/// holders (never a plain lock's: no limit row records N = 1).
+fn force(table: &str) -> String {
+    format!(
+        "WITH lifted AS ( \
+           UPDATE {table} SET token = '', expires_at = now() \
+           WHERE name = $3 AND token = '/' || array_length($1::text[], 1) \
+           AND expires_at > now()) \
+         UPDATE {table} AS l SET token = '', expires_at = now() FROM ( \
+           SELECT t.*, k.i FROM unnest($1::text[]) WITH ORDINALITY AS k(name, i) \
+           JOIN {table} t ON t.name = k.name \
+           WHERE t.expires_at > now() AND t.token <> '' FOR UPDATE OF t) r \
+         WHERE l.name = r.name \
+         RETURNING {by_slot}, pg_notify($2, '')::text",
+        by_slot = holder("r.i - 1")
+    )
+    .replace("now()", "statement_timestamp()")
 }
 
 /// The acquire statement of a plain lock: takes the row if it is missing or expired,
