@@ -36,18 +36,23 @@ fn cert(dir: &std::path::Path, file: &str) -> CertificateDer<'static> {
     CertificateDer::from_pem_file(dir.join(file)).unwrap()
 }
 
+/// The webpki verifier that trusts the CA `ca` (its certificate `ca.pem` in `d`).
+fn webpki_trusting(d: &std::path::Path, ca: &str) -> Arc<WebPkiServerVerifier> {
+    let ca = std::fs::read(d.join(format!("{ca}.pem"))).unwrap();
+    let store = root_store(Roots::Pem(&ca)).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider)
+        .build()
+        .unwrap()
+}
+
 #[test]
 fn chain_ignores_the_name_but_not_the_issuer_and_chain_and_name_checks_both() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     ca_and_server(d, "a", "DNS:db.example,IP:127.0.0.1");
     ca_and_server(d, "b", "DNS:db.example");
-    let ca = std::fs::read(d.join("a.pem")).unwrap();
-    let store = root_store(Roots::Pem(&ca)).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let full = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider)
-        .build()
-        .unwrap();
+    let full = webpki_trusting(d, "a");
     let any = AnyName(full.clone(), NameRule::Any);
     let good = cert(d, "a-server.pem");
     let stranger = cert(d, "b-server.pem");
@@ -77,6 +82,15 @@ fn chain_ignores_the_name_but_not_the_issuer_and_chain_and_name_checks_both() {
             Err("the server's certificate is signed by an unknown CA".to_owned())
         );
     }
+}
+
+#[test]
+fn the_client_configuration_builds_for_every_check_and_refuses_a_key_not_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ca_and_server(d, "a", "DNS:db.example,IP:127.0.0.1");
+    ca_and_server(d, "b", "DNS:db.example");
+    let ca = std::fs::read(d.join("a.pem")).unwrap();
     // The public entry point builds for every check, with and without a client.
     let key = std::fs::read(d.join("b-server.key")).unwrap();
     let pem = std::fs::read(d.join("b-server.pem")).unwrap();
@@ -235,12 +249,7 @@ fn libpq_verify_full_reads_the_common_name_only_without_alternative_dns_names() 
         "127.0.0.1",
         "subjectAltName=IP:127.0.0.2",
     );
-    let ca = std::fs::read(d.join("a.pem")).unwrap();
-    let store = root_store(Roots::Pem(&ca)).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let full = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider)
-        .build()
-        .unwrap();
+    let full = webpki_trusting(d, "a");
     let libpq = AnyName(full.clone(), NameRule::CommonName);
     let ok = |v: &dyn ServerCertVerifier, file: &str, host: &str| {
         let name = ServerName::try_from(host.to_owned()).unwrap();

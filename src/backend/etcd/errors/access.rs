@@ -69,18 +69,23 @@ mod tests {
         RpcError::Status(tonic::Status::new(code, msg))
     }
 
+    /// A user whose prefix needs quoting in a shell.
+    const APP: Access<'static> = Access {
+        user: Some("app"),
+        prefix: "team's:",
+    };
+
+    /// No user at all.
+    const NONE: Access<'static> = Access {
+        user: None,
+        prefix: "lockrun:",
+    };
+
     /// Each refusal, as etcd words it, and what its line must say.
     #[test]
     fn each_refusal_names_its_cause_and_fix_in_one_line() {
         use tonic::Code;
-        let app = Access {
-            user: Some("app"),
-            prefix: "team's:",
-        };
-        let none = Access {
-            user: None,
-            prefix: "lockrun:",
-        };
+        let (app, none) = (APP, NONE);
         let cases: [(RpcError, Access<'_>, &[&str]); 5] = [
             (
                 status(Code::InvalidArgument, "etcdserver: user name is empty"),
@@ -132,12 +137,17 @@ mod tests {
                 assert!(line.contains(w), "{line:?} lacks {w:?}");
             }
         }
+    }
+
+    #[test]
+    fn other_errors_are_no_access_refusals() {
+        use tonic::Code;
         for other in [
             status(Code::Unavailable, "etcdserver: no leader"),
             status(Code::FailedPrecondition, "etcdserver: lease already exists"),
             RpcError::Broken("x".into()),
         ] {
-            assert_eq!(access_error(&other, "h:1", app), None);
+            assert_eq!(access_error(&other, "h:1", APP), None);
         }
     }
 }

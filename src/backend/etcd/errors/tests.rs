@@ -88,11 +88,15 @@ fn handshake(refused: rustls::Error) -> RpcError {
     RpcError::Status(tonic::Status::from_error(Box::new(failed)))
 }
 
-#[test]
-fn tls_failures_say_what_to_set() {
+/// A TLS refusal, the TLS files set (a CA, a client certificate), what the line must
+/// say and what it must not.
+type TlsCase = (rustls::Error, (bool, bool), &'static str, &'static str);
+
+/// The TLS refusals of [`tls_failures_say_what_to_set`].
+fn tls_cases() -> [TlsCase; 7] {
     use rustls::{AlertDescription as A, CertificateError as C, Error as E};
     let name = C::NotValidForName;
-    let cases: [(E, (bool, bool), &str, &str); 7] = [
+    [
         (
             E::InvalidCertificate(C::UnknownIssuer),
             (false, false),
@@ -135,8 +139,12 @@ fn tls_failures_say_what_to_set() {
             "did not accept the client certificate of LOCKRUN_TLS_CERT",
             "LOCKRUN_TLS_CA",
         ),
-    ];
-    for (refused, tls, says, never) in cases {
+    ]
+}
+
+#[test]
+fn tls_failures_say_what_to_set() {
+    for (refused, tls, says, never) in tls_cases() {
         let what = format!("{refused:?} {tls:?}");
         let e = describe(&handshake(refused.clone()), &target(Some(tls)), "h:1", None);
         let BackendError::Refused(line) = e else {

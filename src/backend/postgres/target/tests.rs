@@ -92,16 +92,18 @@ fn libpq_parameters_are_taken_out_and_the_rest_passed_on() {
     assert!(parse_env("postgres://h/db?gssencmode=disable", &[]).is_ok());
 }
 
+/// The mode and the server check of `url` parsed with the environment `env`.
+fn check(url: &str, env: &[(&str, String)]) -> Option<(SslMode, ServerCheck)> {
+    let t = parse_env(url, env).unwrap().tls;
+    t.map(|t| (t.mode, t.check))
+}
+
 #[test]
 fn sslmode_and_the_roots_decide_what_is_checked() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     crate::backend::tls::testing::ca_and_server(d, "ca", "DNS:db.example");
     let ca = d.join("ca.pem").display().to_string();
-    let check = |url: &str, env: &[(&str, String)]| {
-        let t = parse_env(url, env).unwrap().tls;
-        t.map(|t| (t.mode, t.check))
-    };
     use ServerCheck::*;
     assert_eq!(check("postgres://h/db?sslmode=disable", &[]), None);
     assert_eq!(
@@ -143,6 +145,11 @@ fn sslmode_and_the_roots_decide_what_is_checked() {
         check("postgres://h/db?sslmode=verify-full", &home),
         Some((SslMode::VerifyFull, ChainAndNameOrCommonName))
     );
+}
+
+#[test]
+fn sslrootcert_system_means_verify_full_and_the_stricter_modes_need_a_root() {
+    use ServerCheck::*;
     // sslrootcert=system: verify-full by default, and nothing weaker.
     assert_eq!(
         check("postgres://h/db?sslrootcert=system", &[]),
@@ -161,6 +168,10 @@ fn sslmode_and_the_roots_decide_what_is_checked() {
             "{e}"
         );
     }
+}
+
+#[test]
+fn channel_binding_require_needs_tls_and_unix_sockets_never_use_it() {
     let e = line(parse_env(
         "postgres://h/db?sslmode=disable&channel_binding=require",
         &[],

@@ -203,6 +203,14 @@ fn answers_are_judged_and_refusals_named_as_the_sentinels() {
         matches!(&e, BackendError::Refused(l) if l.contains("NOAUTH") && l.contains("needs a password")),
         "{e:?}"
     );
+}
+
+#[test]
+fn a_reply_that_is_no_address_and_a_denied_question_are_refused() {
+    let a = options();
+    let t = parse("redis+sentinel://:pw@s1:1/m", &ctx(&a, None)).unwrap();
+    let s = sentinels(&t);
+    let ok = Ok(Value::Okay);
     // Something that is not a Sentinel.
     let e = s.judge("s1:1", Some(&ok), &Ok(Value::Int(3))).unwrap_err();
     assert!(matches!(&e, BackendError::Refused(l) if l.contains("is it a Sentinel")));
