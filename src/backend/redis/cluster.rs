@@ -33,6 +33,8 @@
 //! redirect to a single master, as three votes would be no quorum at all. A
 //! redirection there is refused (125) with a line that says so.
 
+mod key_slot;
+
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -44,6 +46,7 @@ use super::scripts::{Keys, Script};
 use super::target::{Node, Seeds};
 use super::RedisBackend;
 use crate::backend::BackendError;
+pub use key_slot::key_slot;
 
 /// How many redirections (and `TRYAGAIN` pauses) one call follows before it gives up
 /// (`Unavailable`: the driver retries as for a server that does not answer).
@@ -154,35 +157,6 @@ impl Router {
 /// `host:port`
 fn show((host, port): &Node) -> String {
     format!("{host}:{port}")
-}
-
-/// The Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the part between the
-/// first `{` and the next `}`, if not empty; else the whole key), modulo 16384.
-pub fn key_slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
-        let rest = &bytes[open + 1..];
-        rest.iter()
-            .position(|&b| b == b'}')
-            .filter(|&close| close > 0)
-            .map(|close| &rest[..close])
-    });
-    crc16(tagged.unwrap_or(bytes)) % 16384
-}
-
-fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in data {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
 }
 
 /// The node of a redirection's `host:port`; an empty or `?` host (a node that does

@@ -1,5 +1,6 @@
 //! Unit tests of [`super`] (`backend::redis::cluster`).
 
+use super::key_slot::crc16;
 use super::*;
 
 fn n(h: &str, p: u16) -> Node {
