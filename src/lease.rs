@@ -45,6 +45,7 @@ pub enum StopReason {
 
 impl StopReason {
     /// True when the lock was lost (exit status 124 with a "lost" log line).
+    #[cfg(test)]
     pub fn is_loss(self) -> bool {
         match self {
             StopReason::LeaseLost | StopReason::LeaseExpiring | StopReason::TimerFailed => true,
@@ -186,6 +187,7 @@ impl Machine {
     }
 
     /// The lease as it stands.
+    #[cfg(test)]
     pub fn lease(&self) -> Lease {
         self.lease
     }

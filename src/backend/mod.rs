@@ -12,15 +12,15 @@
 //! [`AnyBackend`]. Adding a backend is a new module and one line in that table. What
 //! every backend shares about URLs is the leaf [`url`].
 
-pub mod conn;
-pub mod etcd;
-pub mod file;
-pub mod postgres;
+pub(crate) mod conn;
+pub(crate) mod etcd;
+pub(crate) mod file;
+pub(crate) mod postgres;
 pub mod redis;
-pub mod registry;
-pub mod tls;
-pub mod url;
-pub mod zookeeper;
+pub(crate) mod registry;
+pub(crate) mod tls;
+pub(crate) mod url;
+pub(crate) mod zookeeper;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -248,7 +248,7 @@ pub trait Backend {
 }
 
 /// A backend as the rest of the program holds it: any [`Backend`], behind one pointer.
-/// Each backend module makes one from its checked [`Target`]; nothing outside
+/// Each backend module makes one from its checked [`url::Target`]; nothing outside
 /// `backend/` names a backend type.
 pub struct AnyBackend(Box<dyn DynBackend>);
 

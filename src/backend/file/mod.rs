@@ -105,7 +105,7 @@ use line::Line;
 use lock::{lock_record, try_lock, Byte, Kind};
 use lockfile::LockFile;
 use record::{storable_token, Record};
-pub use target::{FileTarget, KIND};
+pub use target::KIND;
 use waiter::Waiter;
 
 /// How many times an acquire or `release --force` starts again on a lock file that was

@@ -61,7 +61,7 @@
 //! [`TIMEOUTS_BEFORE_POLLING`] times, before any subscription worked, the waiter says
 //! so once at `-v`, leaves the queue of waiters (wake-ups go to those that can hear
 //! them) and polls for the rest of the run: it asks again at the busy lease's expiry,
-//! at least every [`crate::backend::MAX_WAIT_SLICE`] (with jitter: [`wait_slice`]). A
+//! at least every [`crate::backend::MAX_WAIT_SLICE`] (with jitter: [`crate::backend::wait_slice`]). A
 //! subscription lost later (the connection cut) is made again at the next busy answer,
 //! polling meanwhile.
 //!
@@ -77,11 +77,11 @@ mod cluster;
 mod conn;
 mod errors;
 mod probe;
-pub mod redlock;
+pub(crate) mod redlock;
 mod replies;
 mod requests;
 mod scripts;
-pub mod sentinel;
+pub(crate) mod sentinel;
 mod target;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};

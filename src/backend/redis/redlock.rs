@@ -71,12 +71,12 @@ use super::replies::{AcquireReply, HoldersReply};
 use super::RedisBackend;
 use crate::backend::url::{BackendConfig, Target};
 use crate::backend::{Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
-pub use urls::{parse, RedlockTarget, MIN_NODES};
+pub use urls::{parse, RedlockTarget};
 use votes::{choose_slot, conflict_in, disagree, free_maps, group, other_n, votes};
 
 /// A lock backend over a quorum of independent Redis servers.
 pub struct RedlockBackend {
-    /// At least [`MIN_NODES`] (a [`RedlockTarget`] cannot have fewer).
+    /// At least [`urls::MIN_NODES`] (a [`RedlockTarget`] cannot have fewer).
     nodes: Vec<RedisBackend>,
     /// The N of `--slots` (1: a plain lock).
     slots: u32,

@@ -17,7 +17,7 @@ pub struct Access<'a> {
 }
 
 /// The line for an authentication or permission refusal of member `at`, naming the
-/// user, the prefix and the fix; `None` for any other error (see [`describe`]).
+/// user, the prefix and the fix; `None` for any other error (see [`super::describe`]).
 pub fn access_error(e: &RpcError, at: &str, who: Access<'_>) -> Option<BackendError> {
     let RpcError::Status(s) = e else {
         return None;
