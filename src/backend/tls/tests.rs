@@ -36,6 +36,15 @@ fn cert(dir: &std::path::Path, file: &str) -> CertificateDer<'static> {
     CertificateDer::from_pem_file(dir.join(file)).unwrap()
 }
 
+/// A folder with two CAs, `a` (its server certificate for db.example and 127.0.0.1)
+/// and `b` (its server certificate for db.example).
+fn two_cas() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    ca_and_server(dir.path(), "a", "DNS:db.example,IP:127.0.0.1");
+    ca_and_server(dir.path(), "b", "DNS:db.example");
+    dir
+}
+
 /// The webpki verifier that trusts the CA `ca` (its certificate `ca.pem` in `d`).
 fn webpki_trusting(d: &std::path::Path, ca: &str) -> Arc<WebPkiServerVerifier> {
     let ca = std::fs::read(d.join(format!("{ca}.pem"))).unwrap();
@@ -48,10 +57,8 @@ fn webpki_trusting(d: &std::path::Path, ca: &str) -> Arc<WebPkiServerVerifier> {
 
 #[test]
 fn chain_ignores_the_name_but_not_the_issuer_and_chain_and_name_checks_both() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = two_cas();
     let d = dir.path();
-    ca_and_server(d, "a", "DNS:db.example,IP:127.0.0.1");
-    ca_and_server(d, "b", "DNS:db.example");
     let full = webpki_trusting(d, "a");
     let any = AnyName(full.clone(), NameRule::Any);
     let good = cert(d, "a-server.pem");
@@ -86,10 +93,8 @@ fn chain_ignores_the_name_but_not_the_issuer_and_chain_and_name_checks_both() {
 
 #[test]
 fn the_client_configuration_builds_for_every_check_and_refuses_a_key_not_its_own() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = two_cas();
     let d = dir.path();
-    ca_and_server(d, "a", "DNS:db.example,IP:127.0.0.1");
-    ca_and_server(d, "b", "DNS:db.example");
     let ca = std::fs::read(d.join("a.pem")).unwrap();
     // The public entry point builds for every check, with and without a client.
     let key = std::fs::read(d.join("b-server.key")).unwrap();
