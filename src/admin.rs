@@ -9,13 +9,14 @@ use std::time::Duration;
 use crate::backend::{slots_conflict, Backend, Holder};
 use crate::holder::{status_json, status_text, Known};
 use crate::log::{emit, Event, Level};
+use crate::outcome::Outcome;
 
 /// The timeout of each request of these commands.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `lockrun status`: prints who holds `name` (every holder, with `--slots N`);
-/// exit status 0 held by at least one, 1 free, 125 error.
-pub async fn status<B: Backend>(backend: &B, name: &str, slots: u32, as_json: bool) -> u8 {
+/// [`Outcome::Held`] by at least one, [`Outcome::Free`], or [`Outcome::Failed`].
+pub async fn status<B: Backend>(backend: &B, name: &str, slots: u32, as_json: bool) -> Outcome {
     let mut holders = match tokio::time::timeout(TIMEOUT, backend.inspect(name)).await {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => return error(&e.to_string()),
@@ -31,15 +32,15 @@ pub async fn status<B: Backend>(backend: &B, name: &str, slots: u32, as_json: bo
     };
     println!("{out}");
     if holders.is_empty() {
-        1
+        Outcome::Free
     } else {
-        0
+        Outcome::Held
     }
 }
 
 /// `lockrun release --force`: deletes `name` whoever holds it (every slot) and says
 /// whose it was, one line per holder broken.
-pub async fn force_release<B: Backend>(backend: &B, name: &str, slots: u32) -> u8 {
+pub async fn force_release<B: Backend>(backend: &B, name: &str, slots: u32) -> Outcome {
     let holders = match tokio::time::timeout(TIMEOUT, backend.inspect(name)).await {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => return error(&e.to_string()),
@@ -61,7 +62,7 @@ pub async fn force_release<B: Backend>(backend: &B, name: &str, slots: u32) -> u
     for h in &broken {
         broke(name, h);
     }
-    0
+    Outcome::ForceReleased
 }
 
 /// The line for one holder broken by `release --force`.
@@ -90,7 +91,8 @@ fn conflict(holders: &[Holder], slots: u32) -> Option<String> {
     Some(slots_conflict(other.slots, slots).to_string())
 }
 
-fn error(msg: &str) -> u8 {
+/// Logs `msg` as an error: the command failed ([`Outcome::Failed`], 125).
+fn error(msg: &str) -> Outcome {
     emit(Level::Error, Event::Error, msg, &[]);
-    125
+    Outcome::Failed
 }

@@ -14,6 +14,8 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::bounds;
 use crate::log::Format;
 
+mod checked;
+
 /// Run a command under a named distributed lock.
 ///
 /// lockrun acquires the lock NAME (a lease in Redis, PostgreSQL, etcd or ZooKeeper, or a
@@ -50,7 +52,7 @@ pub enum Command {
 }
 
 /// Where the lock lives. The `--url` help is built from the table of backends
-/// ([`crate::backend::KINDS`]), so it lists exactly the schemes that are accepted; a
+/// ([`crate::backend::registry::KINDS`]), so it lists exactly the schemes that are accepted; a
 /// backend's own options are flattened in from its module.
 #[derive(Clone, Debug, Args)]
 pub struct BackendArgs {
@@ -60,7 +62,7 @@ pub struct BackendArgs {
         default_value = "redis://127.0.0.1:6379",
         hide_env_values = true,
         action = clap::ArgAction::Append,
-        help = crate::backend::url_help()
+        help = crate::backend::registry::url_help()
     )]
     /// The backend URL(s); the help text comes from the table of backends.
     pub url: Vec<String>,
@@ -105,7 +107,20 @@ pub struct BackendArgs {
 
     /// PostgreSQL's options.
     #[command(flatten)]
-    pub postgres: crate::backend::postgres::PgArgs,
+    pub postgres: PgArgs,
+}
+
+/// PostgreSQL's options (flattened into the backend options).
+#[derive(Clone, Debug, clap::Args)]
+pub struct PgArgs {
+    /// PostgreSQL only: the lease table (TABLE or SCHEMA.TABLE), created if missing.
+    #[arg(
+        long = "pg-table",
+        env = "LOCKRUN_PG_TABLE",
+        default_value = "lockrun_locks",
+        value_name = "TABLE"
+    )]
+    pub table: String,
 }
 
 /// A yes-or-no variable (`LOCKRUN_ALLOW_EVICTION`): 1, true, yes, on; or 0, false, no,

@@ -34,6 +34,7 @@ impl BootInstant {
     }
 
     /// An instant at `since_boot` (for tests of the pure state machines).
+    #[cfg(test)]
     pub const fn from_since_boot(since_boot: Duration) -> BootInstant {
         BootInstant(since_boot)
     }

@@ -5,14 +5,14 @@
 //! parse leaves empty fields (no host, pid 0, start time 0, fencing token 0), values a
 //! lockrun never writes. Those are unknown, not facts: the text leaves them out and
 //! JSON gives `null`, so no one reads "pid 0 since 1970". Pure functions; depends on
-//! [`crate::backend::Holder`] and `run::ms` only.
+//! [`crate::backend::Holder`] and `units::ms` only.
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use crate::backend::Holder;
-use crate::run::ms;
+use crate::units::ms;
 
 /// The fields of a [`Holder`] that are known.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -49,6 +49,7 @@ pub enum StopReason {
 
 impl StopReason {
     /// True when the lock was lost (exit status 124 with a "lost" log line).
+    #[cfg(test)]
     pub fn is_loss(self) -> bool {
         match self {
             StopReason::LeaseLost

@@ -2,21 +2,27 @@
 //!
 //! A map of the crate, in the order a run flows through it:
 //!
+//! - [`app`]: what `main.rs` calls ([`main_with`]): parses, builds a current-thread
+//!   runtime (the thread that spawns the command must outlive it, for the
+//!   parent-death signal) and dispatches.
 //! - [`cli`]: the command line as typed (clap). [`config`] checks it into a
-//!   [`config::RunConfig`]: the only configuration the rest of the code sees. The
-//!   backend URLs are checked by the parser of their scheme, found in the table
-//!   [`backend::KINDS`] (the `--url` help is built from it too).
+//!   [`config::RunConfig`]: the only configuration the rest of the code sees (the
+//!   constructors from the clap structs live on the command line's side,
+//!   `cli/checked.rs`, so that `config` never sees `cli`). The backend URLs are checked
+//!   by the parser of their scheme, found in the registry [`backend::registry::KINDS`]
+//!   (the `--url` help is built from it too).
 //! - [`backend`]: the [`backend::Backend`] trait (acquire, renew, release, inspect)
-//!   with typed results, [`backend::AnyBackend`] holding any of them, and one module
-//!   (or folder) per backend, each owning its URL, options, connection and requests:
+//!   with typed results, [`backend::AnyBackend`] holding any of them, what every
+//!   backend shares about URLs ([`backend::url`]: the leaf below them all) and one
+//!   folder per backend, each owning its URL, options, connection and requests:
 //!   [`backend::redis`] (one Lua script a step; Sentinel and the Redlock quorum in
 //!   its folder), [`backend::postgres`] (a lease row) and [`backend::etcd`] (a
-//!   lease, over lockrun's own small gRPC client). Every backend keeps its connection in one [`backend::conn::Slot`]:
-//!   made lazily, forgotten after a failed or abandoned call.
-//!   [`backend::file`] has no server and no connection: a lock file per name in a
-//!   directory of this host. [`backend::zookeeper`] keeps one session for the whole run
-//!   instead (the session is the lease: forgetting it would free the lock): an
-//!   ephemeral sequential node per acquirer, in ZooKeeper's queue recipe.
+//!   lease, over lockrun's own small gRPC client). Every backend keeps its connection
+//!   in one [`backend::conn::Slot`]: made lazily, forgotten after a failed or
+//!   abandoned call. [`backend::file`] has no server and no connection: a lock file
+//!   per name in a directory of this host. [`backend::zookeeper`] keeps one session
+//!   for the whole run instead (the session is the lease: forgetting it would free
+//!   the lock): an ephemeral sequential node per acquirer, in ZooKeeper's queue recipe.
 //! - [`run`]: the async driver. It acquires (`run/acquire.rs` carries out what the
 //!   pure acquire policy `run/policy.rs` decides: take, wait, retry with a new token,
 //!   give up), spawns the command through [`supervisor`], then (`run/supervise.rs`)
@@ -26,169 +32,38 @@
 //!   command's whole process group is gone, it releases the lock.
 //! - [`supervisor`]: process group, parent-death signal, subreaper, signal forwarding
 //!   and the only `waitpid` in the program.
-//! - [`outcome`]: how a run ended and its exit status; [`metrics`]: the
-//!   `--metrics-file` written after every run; [`log`]: text or JSON lines on stderr;
-//!   [`admin`]: `status` and `release --force`; [`holder`]: how a lock's holder is
-//!   shown (unknown fields left out); [`token`]: randomness.
+//! - [`outcome`]: how a run (or `status`, `release --force`) ended and its exit
+//!   status; [`metrics`]: the `--metrics-file` written after every run; [`log`]: text
+//!   or JSON lines on stderr; [`admin`]: `status` and `release --force`; [`holder`]:
+//!   how a lock's holder is shown (unknown fields left out); [`token`]: randomness;
+//!   [`name`]: the lock name's rule; [`units`]: durations in messages.
 //!
-//! `main.rs` only calls [`main_with`], which parses, builds a current-thread runtime
-//! (the thread that spawns the command must outlive it, for the parent-death signal)
-//! and dispatches. Errors are typed in the library; only the setup steps of the
-//! dispatch (the runtime, the checked configuration of `status` and `release`) use
-//! `anyhow`, with context, and such an error is printed once, as `lockrun: {err:#}`.
+//! Imports point down one order of layers, checked by `scripts/layers`: the leaves
+//! (`units`, `name`, `clock`, `token`, `outcome`, `log`), the backend interface and
+//! `backend::url`, the backends, the registry, `config`, the lease and the process,
+//! `run` and `admin`, `cli`, and `app` at the top.
+//!
+//! Public are only the modules the binary's tools and the integration tests use:
+//! `backend`, `cli`, `config`, `outcome`, `supervisor`, and [`main_with`]. Errors are
+//! typed in the library; only the setup steps of the dispatch (the runtime, the
+//! checked configuration of `status` and `release`) use `anyhow`, with context, and
+//! such an error is printed once, as `lockrun: {err:#}`.
 
-pub mod admin;
+mod admin;
+mod app;
 pub mod backend;
 pub mod cli;
-pub mod clock;
+mod clock;
 pub mod config;
-pub mod holder;
-pub mod lease;
-pub mod log;
-pub mod metrics;
+mod holder;
+mod lease;
+mod log;
+mod metrics;
+mod name;
 pub mod outcome;
-pub mod run;
+mod run;
 pub mod supervisor;
-pub mod token;
+mod token;
+mod units;
 
-use std::ffi::OsString;
-use std::time::Duration;
-
-use anyhow::Context;
-use clap::Parser;
-
-use crate::backend::AnyBackend;
-use crate::cli::{Cli, Command, LogArgs};
-use crate::config::{BackendConfig, LockName, RunConfig};
-use crate::log::{Format, Logger};
-use crate::metrics::RunReport;
-use crate::outcome::Outcome;
-
-/// How long lockrun's exit waits for stderr to take its last lines.
-const LAST_LINES_WAIT: Duration = Duration::from_secs(1);
-
-/// Runs lockrun with `args` (argv, program name first) and returns the exit status.
-pub fn main_with(args: Vec<OsString>) -> u8 {
-    let cli = match Cli::try_parse_from(cli::with_default_subcommand(args.clone())) {
-        Ok(cli) => cli,
-        Err(e) => return usage_error(&e, &args),
-    };
-    let code = match dispatch(cli) {
-        Ok(code) => code,
-        // The one place a setup error is printed (through the logger, so that it is a
-        // JSON line with `--log-format json`): the whole chain, on one line.
-        Err(err) => run::fail(&format!("{err:#}")).exit_code(),
-    };
-    // A stderr that does not take lockrun's last lines holds back its exit this long
-    // at most; the lines are lost then.
-    log::flush(LAST_LINES_WAIT);
-    code
-}
-
-/// Runs the parsed command line. `Err` is a setup step that failed before anything
-/// was done (exit status 125); what happens later is in the returned status.
-fn dispatch(cli: Cli) -> anyhow::Result<u8> {
-    let runtime = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("cannot start the async runtime")
-    };
-    let password = std::env::var("LOCKRUN_PASSWORD").ok();
-    match cli.command {
-        Command::Run(args) => {
-            install_logger(&args.log, &args.name);
-            let not_started = |msg: String| RunReport {
-                outcome: run::fail(&format!("{msg}; the command was not started")),
-                waited: Duration::ZERO,
-                held: Duration::ZERO,
-            };
-            // Not a setup error: a run that cannot start still writes its metrics.
-            let report = match RunConfig::from_args(&args, password) {
-                // The guard is forked while lockrun has one thread: before the log
-                // writer's thread and the runtime (see `supervisor::guard`).
-                Ok(cfg) => match supervisor::Guard::start(cfg.command.clone()) {
-                    Ok(guard) => {
-                        log::start_writer();
-                        let backend = AnyBackend::open(&cfg.backend, !cfg.wait.is_zero());
-                        runtime()?.block_on(run::run(&cfg, &backend, guard))
-                    }
-                    Err(e) => not_started(format!("cannot start the guard process: {e}")),
-                },
-                Err(e) => not_started(e.to_string()),
-            };
-            if let Some(path) = &args.metrics_file {
-                if let Err(e) = metrics::write(path, &args.name, &report) {
-                    let msg = format!("cannot write the metrics file {}: {e}", path.display());
-                    log::emit(log::Level::Warn, log::Event::MetricsFailed, &msg, &[]);
-                }
-            }
-            Ok(report.outcome.exit_code())
-        }
-        Command::Status(args) => {
-            install_logger(&args.log, &args.name);
-            let backend = admin_backend(&args.backend, &args.name, password)?;
-            Ok(runtime()?.block_on(admin::status(
-                &backend,
-                &args.name,
-                args.backend.slots,
-                args.json,
-            )))
-        }
-        Command::Release(args) => {
-            install_logger(&args.log, &args.name);
-            let backend = admin_backend(&args.backend, &args.name, password)?;
-            Ok(runtime()?.block_on(admin::force_release(
-                &backend,
-                &args.name,
-                args.backend.slots,
-            )))
-        }
-    }
-}
-
-fn install_logger(args: &LogArgs, lock: &str) {
-    Logger::new(
-        args.log_format,
-        Logger::level_for(args.quiet, args.verbose),
-        lock,
-    )
-    .install();
-}
-
-/// The backend of `status` and `release`, from checked arguments. The configuration's
-/// messages are whole sentences already (what is wrong and what to write instead), so
-/// they get no context of their own.
-fn admin_backend(
-    args: &cli::BackendArgs,
-    name: &str,
-    password: Option<String>,
-) -> anyhow::Result<AnyBackend> {
-    LockName::parse(name)?;
-    let cfg = BackendConfig::from_args(args, password)?;
-    Ok(AnyBackend::open(&cfg, false))
-}
-
-/// Prints a clap error as one line (help and version go to stdout with status 0).
-fn usage_error(e: &clap::Error, args: &[OsString]) -> u8 {
-    use clap::error::ErrorKind;
-    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
-        let _ = e.print();
-        return 0;
-    }
-    // The log format may not have been parsed: look for it by hand.
-    let json = std::env::var("LOCKRUN_LOG_FORMAT").is_ok_and(|f| f == "json")
-        || args
-            .windows(2)
-            .any(|w| w[0] == "--log-format" && w[1] == "json")
-        || args.iter().any(|a| a == "--log-format=json");
-    let format = if json { Format::Json } else { Format::Text };
-    Logger::new(format, log::Level::Error, "").install();
-    let rendered = e.to_string();
-    let first = rendered.lines().next().unwrap_or("invalid arguments");
-    let first = first.strip_prefix("error: ").unwrap_or(first);
-    run::fail(&format!(
-        "{first} (see 'lockrun --help'); the command was not started"
-    ));
-    Outcome::Failed.exit_code()
-}
+pub use app::main_with;

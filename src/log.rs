@@ -71,6 +71,7 @@ macro_rules! events {
 
         impl Event {
             /// Every event, in declaration order.
+            #[cfg(test)]
             pub const ALL: &[Event] = &[$(Event::$variant,)*];
 
             /// The name in JSON lines.

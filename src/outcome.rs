@@ -26,6 +26,12 @@ pub enum Outcome {
     CannotExecute,
     /// The command was not found.
     NotFound,
+    /// `lockrun status`: the lock is held (by at least one holder).
+    Held,
+    /// `lockrun status`: the lock is free.
+    Free,
+    /// `lockrun release --force` broke the lock (or found it free).
+    ForceReleased,
 }
 
 impl Outcome {
@@ -41,15 +47,22 @@ impl Outcome {
             Outcome::Failed => 125,
             Outcome::CannotExecute => 126,
             Outcome::NotFound => 127,
+            Outcome::Held | Outcome::ForceReleased => 0,
+            Outcome::Free => 1,
         }
     }
 
     /// The word used in logs and metrics for this outcome: `ran`, `busy`, `lost` or
     /// `error` (a command stopped at `--max-runtime` counts as an error: the job did
-    /// not finish).
+    /// not finish; `status` and `release --force`, which write no metrics, did what
+    /// was asked: `ran`).
     pub fn kind(self) -> &'static str {
         match self {
-            Outcome::Exited(_) | Outcome::Signaled(_) => "ran",
+            Outcome::Exited(_)
+            | Outcome::Signaled(_)
+            | Outcome::Held
+            | Outcome::Free
+            | Outcome::ForceReleased => "ran",
             Outcome::Busy(_) => "busy",
             Outcome::LockLost => "lost",
             Outcome::MaxRuntime
@@ -79,6 +92,9 @@ mod tests {
         assert_eq!(Outcome::Failed.exit_code(), 125);
         assert_eq!(Outcome::CannotExecute.exit_code(), 126);
         assert_eq!(Outcome::NotFound.exit_code(), 127);
+        assert_eq!(Outcome::Held.exit_code(), 0);
+        assert_eq!(Outcome::Free.exit_code(), 1);
+        assert_eq!(Outcome::ForceReleased.exit_code(), 0);
     }
 
     #[test]

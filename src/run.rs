@@ -21,6 +21,7 @@ use crate::log::{emit, Event, Level};
 use crate::metrics::RunReport;
 use crate::outcome::Outcome;
 use crate::supervisor::{Boundary, Guard, Job, Signals, SpawnError};
+use crate::units::ms;
 use acquire::{abandon, acquire};
 use policy::Taken;
 use supervise::supervise;
@@ -285,11 +286,6 @@ async fn release<B: Backend>(cfg: &RunConfig, backend: &B, token: &str, held: Du
             &fields,
         ),
     }
-}
-
-/// A duration rounded to milliseconds, for messages (`1s 484ms`).
-pub(crate) fn ms(d: Duration) -> String {
-    humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
 }
 
 fn millis(d: Duration) -> Value {

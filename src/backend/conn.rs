@@ -153,11 +153,6 @@ impl<'a, C: Connection> InUse<'a, C> {
         self.generation
     }
 
-    /// The connection, shared (it outlives this call if needed).
-    pub fn shared(&self) -> Arc<C> {
-        self.conn.clone()
-    }
-
     /// Ends the call with `result`: the connection stays for the next call if it is
     /// `Ok`, and is forgotten if it is an error.
     pub fn settle<T, E>(mut self, result: Result<T, E>) -> Result<T, E> {

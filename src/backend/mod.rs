@@ -7,18 +7,20 @@
 //! ([`BackendError::Unavailable`]) lead to different exit statuses and actions.
 //! One module per backend, which owns everything about itself: its URL schemes and
 //! their parser, its options, its connection ([`conn::Slot`]) and its requests. The
-//! rest of the program knows backends only through the table in `table.rs` ([`KINDS`]:
+//! rest of the program knows backends only through the registry ([`registry::KINDS`]:
 //! the `--url` help and the unknown-scheme message are built from it) and through
-//! [`AnyBackend`]. Adding a backend is a new module and one line in that table.
+//! [`AnyBackend`]. Adding a backend is a new module and one line in that table. What
+//! every backend shares about URLs is the leaf [`url`].
 
-pub mod conn;
-pub mod etcd;
-pub mod file;
-pub mod postgres;
+pub(crate) mod conn;
+pub(crate) mod etcd;
+pub(crate) mod file;
+pub(crate) mod postgres;
 pub mod redis;
-pub mod table;
-pub mod tls;
-pub mod zookeeper;
+pub(crate) mod registry;
+pub(crate) mod tls;
+pub(crate) mod url;
+pub(crate) mod zookeeper;
 
 use std::future::Future;
 use std::os::fd::RawFd;
@@ -26,9 +28,6 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use thiserror::Error;
-
-use crate::config::BackendConfig;
-pub use table::{parse_urls, scheme_list, url_help, Kind, Target, UrlContext, KINDS};
 
 /// The longest lease any backend takes: lockrun's largest `--ttl` and
 /// `--hold-at-least` ([`crate::config::bounds`]). Each backend refuses a longer one
@@ -258,7 +257,7 @@ pub trait Backend {
 }
 
 /// A backend as the rest of the program holds it: any [`Backend`], behind one pointer.
-/// Each backend module makes one from its checked [`Target`]; nothing outside
+/// Each backend module makes one from its checked [`url::Target`]; nothing outside
 /// `backend/` names a backend type.
 pub struct AnyBackend(Box<dyn DynBackend>);
 
@@ -266,12 +265,6 @@ impl AnyBackend {
     /// Wraps `backend`.
     pub fn new<B: Backend + 'static>(backend: B) -> AnyBackend {
         AnyBackend(Box::new(backend))
-    }
-
-    /// Opens (lazily: nothing is connected yet) the backend `config` names;
-    /// `waiting` says the caller may wait for a busy lock (`--wait`).
-    pub fn open(config: &BackendConfig, waiting: bool) -> AnyBackend {
-        config.target.open(config, waiting)
     }
 }
 

@@ -1,64 +1,54 @@
 //! The backend part of the configuration: the `--url`s checked by the parser of their
-//! scheme (through [`crate::backend::KINDS`]), with the password applied and TLS files
-//! read. Errors never echo a URL or a password. Part of [`crate::config`]; logs (one
-//! warning about a password file others may read) through [`crate::log`].
+//! scheme (through the registry, [`crate::backend::registry::KINDS`]), with the password
+//! applied and TLS files read, into a [`BackendConfig`]. Errors never echo a URL or a
+//! password. Part of [`crate::config`]; logs (one warning about a password file others
+//! may read) through [`crate::log`].
 
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::sync::Arc;
 
 use super::ConfigError;
-use crate::backend::{parse_urls, Target, UrlContext};
-use crate::cli::BackendArgs;
+use crate::backend::registry::parse_urls;
+use crate::backend::url::{BackendConfig, BackendOptions, Target, UrlContext, UrlError};
 
-/// Where the lock lives.
-#[derive(Clone, Debug)]
-pub struct BackendConfig {
-    /// Which backend, and how to reach it (checked by the backend's own parser).
-    pub target: Arc<dyn Target>,
-    /// The server(s) as `host:port`, for messages (never the full URL).
-    pub display: String,
-    /// The namespace of the keys.
-    pub key_prefix: String,
-    /// How many may hold one name at once (`--slots`; 1 is a plain lock).
-    pub slots: u32,
-}
-
-impl BackendConfig {
-    /// Checks the backend options; `env_password` is `LOCKRUN_PASSWORD`.
-    pub fn from_args(
-        args: &BackendArgs,
-        env_password: Option<String>,
-    ) -> Result<BackendConfig, ConfigError> {
-        let password = password(args, env_password)?;
-        let env = |var: &str| std::env::var(var).ok();
-        let ctx = UrlContext {
-            password,
-            args,
-            env: &env,
-        };
-        let target = parse_urls(&args.url, &ctx)?;
-        check_slots(target.as_ref(), args.slots)?;
-        Ok(BackendConfig {
-            display: target.display(),
-            target,
-            key_prefix: args.key_prefix.clone(),
-            slots: args.slots,
-        })
-    }
+/// Checks the backend options: the `--url`s (`urls`) by the parser of their scheme,
+/// with the password of `password_file` (or else `env_password`, `LOCKRUN_PASSWORD`)
+/// applied, and `--slots`.
+pub fn check_backend(
+    urls: &[String],
+    options: &BackendOptions,
+    slots: u32,
+    password_file: Option<&Path>,
+    env_password: Option<String>,
+) -> Result<BackendConfig, ConfigError> {
+    let password = password(password_file, env_password)?;
+    let env = |var: &str| std::env::var(var).ok();
+    let ctx = UrlContext {
+        password,
+        options,
+        env: &env,
+    };
+    let target = parse_urls(urls, &ctx)?;
+    check_slots(target.as_ref(), slots)?;
+    Ok(BackendConfig {
+        display: target.display(),
+        target,
+        key_prefix: options.key_prefix.clone(),
+        slots,
+    })
 }
 
 /// Refuses `--slots` above 1 for a backend that cannot keep a semaphore
 /// ([`Target::semaphores`]), before anything is connected.
 fn check_slots(target: &dyn Target, slots: u32) -> Result<(), ConfigError> {
     if slots > 1 && !target.semaphores() {
-        return Err(ConfigError::Backend(format!(
+        return Err(ConfigError::Url(UrlError::Backend(format!(
             "--slots {slots} needs a backend that keeps semaphores, and {} does not: use \
              --slots 1, or a backend README's \"Choosing a backend\" lists for semaphores",
             target.display()
-        )));
+        ))));
     }
     Ok(())
 }
@@ -66,10 +56,10 @@ fn check_slots(target: &dyn Target, slots: u32) -> Result<(), ConfigError> {
 /// The password to use: the first line of `--password-file` if given, else
 /// `LOCKRUN_PASSWORD` (`env_password`) if not empty; either wins over the URL's.
 fn password(
-    args: &BackendArgs,
+    password_file: Option<&Path>,
     env_password: Option<String>,
 ) -> Result<Option<String>, ConfigError> {
-    match &args.password_file {
+    match password_file {
         Some(path) => read_password_file(path).map(Some),
         None => Ok(env_password.filter(|p| !p.is_empty())),
     }
@@ -134,12 +124,27 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use super::*;
-    use crate::backend::table::testing::args;
+    use crate::backend::url::testing::options;
+
+    /// Checks `urls` with the default options, `slots`, and the password sources.
+    fn check(
+        urls: &[&str],
+        slots: u32,
+        password_file: Option<&Path>,
+        env_password: Option<&str>,
+    ) -> Result<BackendConfig, ConfigError> {
+        let urls: Vec<String> = urls.iter().map(|u| u.to_string()).collect();
+        let env_password = env_password.map(str::to_owned);
+        check_backend(&urls, &options(), slots, password_file, env_password)
+    }
 
     #[test]
     fn an_unknown_scheme_is_named_and_the_url_never_echoed() {
-        let e = BackendConfig::from_args(&args(&["memcached://:s3cret@x"]), None).unwrap_err();
-        assert_eq!(e, ConfigError::BadScheme("memcached".into()));
+        let e = check(&["memcached://:s3cret@x"], 1, None, None).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::Url(UrlError::BadScheme { scheme, .. }) if scheme == "memcached"),
+            "{e:?}"
+        );
         let text = e.to_string();
         assert!(!text.contains("s3cret"), "{text}");
         assert!(
@@ -157,13 +162,13 @@ mod tests {
             ("redis+sentinel://s:1/m", "sentinel s:1/m"),
             ("redis://a:1,redis://b:2,redis://c:3", "a:1,b:2,c:3"),
         ] {
-            let c = BackendConfig::from_args(&args(&[url]), None).unwrap();
+            let c = check(&[url], 1, None, None).unwrap();
             assert_eq!(c.display, display, "{url}");
             assert!(!format!("{c:?}").contains("\"pw\""));
         }
-        let several = args(&["redis://a:1", "redis://b:2", "redis://c:3"]);
+        let several = ["redis://a:1", "redis://b:2", "redis://c:3"];
         assert_eq!(
-            BackendConfig::from_args(&several, None).unwrap().display,
+            check(&several, 1, None, None).unwrap().display,
             "a:1,b:2,c:3"
         );
     }
@@ -174,27 +179,27 @@ mod tests {
         let path = dir.path().join("pw");
         std::fs::write(&path, "filepw\nsecond line\n").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let mut a = args(&["etcd://root@h:1"]);
-        a.password_file = Some(path);
+        let url = ["etcd://root@h:1"];
         assert_eq!(
-            password(&a, Some("envpw".into())).unwrap().as_deref(),
+            password(Some(&path), Some("envpw".into()))
+                .unwrap()
+                .as_deref(),
             Some("filepw")
         );
-        let c = BackendConfig::from_args(&a, Some("envpw".into())).unwrap();
+        let c = check(&url, 1, Some(&path), Some("envpw")).unwrap();
         let shown = format!("{c:?}");
         assert!(
             !shown.contains("filepw") && !shown.contains("envpw"),
             "{shown}"
         );
-        let no_file = args(&["etcd://root@h:1"]);
         assert_eq!(
-            password(&no_file, Some("envpw".into())).unwrap().as_deref(),
+            password(None, Some("envpw".into())).unwrap().as_deref(),
             Some("envpw")
         );
-        assert_eq!(password(&no_file, Some(String::new())).unwrap(), None);
-        a.password_file = Some(dir.path().join("missing"));
+        assert_eq!(password(None, Some(String::new())).unwrap(), None);
+        let missing = dir.path().join("missing");
         assert!(matches!(
-            BackendConfig::from_args(&a, None),
+            check(&url, 1, Some(&missing), None),
             Err(ConfigError::PasswordFile { .. })
         ));
     }
@@ -253,9 +258,7 @@ mod tests {
             "file:///var/lib/lockrun",
             "postgres://u@h:1/db",
         ] {
-            let mut a = args(&[url]);
-            a.slots = 3;
-            assert!(BackendConfig::from_args(&a, None).is_ok(), "{url}");
+            assert!(check(&[url], 3, None, None).is_ok(), "{url}");
         }
     }
 }

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::policy::{Next, Policy, Random, Reply, Taken, Terms, Warn};
-use super::{fail, millis, ms, request_timeout};
+use super::{fail, millis, request_timeout};
 use crate::backend::{Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::clock::BootInstant;
 use crate::config::RunConfig;
@@ -16,6 +16,7 @@ use crate::lease::Params;
 use crate::log::{emit, Event, Level};
 use crate::outcome::Outcome;
 use crate::supervisor::Signals;
+use crate::units::ms;
 
 /// Tries to take the lock until it is ours, `--wait` runs out, or the backend fails
 /// for good. A signal meanwhile gives up (releasing whatever may have been taken).

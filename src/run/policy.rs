@@ -28,10 +28,10 @@
 
 use std::time::Duration;
 
-use super::ms;
 use crate::backend::{AcquireRequest, BackendError, Holder};
 use crate::clock::BootInstant;
 use crate::lease::Params;
+use crate::units::ms;
 
 /// The longest pause before the first retry after a transient error; each further
 /// failure in a row doubles it, up to [`RETRY_CAP`].

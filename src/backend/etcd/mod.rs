@@ -80,8 +80,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::backend::conn::{Connection, Slot};
+use crate::backend::url::BackendConfig;
 use crate::backend::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
-use crate::config::BackendConfig;
 use errors::never_sent;
 use rpc::{Client, RpcError};
 use slots::SlotKeys;

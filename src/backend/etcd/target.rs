@@ -11,11 +11,12 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::EtcdBackend;
-use crate::backend::table::{host_list, split_userinfo};
 use crate::backend::tls::TlsFiles;
 use crate::backend::tls::{client_config, Roots, ServerCheck};
-use crate::backend::{AnyBackend, Kind, Target, UrlContext};
-use crate::config::{BackendConfig, ConfigError};
+use crate::backend::url::{host_list, split_userinfo};
+use crate::backend::url::{BackendConfig, UrlError};
+use crate::backend::url::{Kind, Target, UrlContext};
+use crate::backend::AnyBackend;
 
 /// The table line of etcd.
 pub const KIND: Kind = Kind {
@@ -80,8 +81,8 @@ impl Target for EtcdTarget {
 /// Checks an `etcd://` or `etcds://` URL; the context's password wins over the URL's.
 /// For `etcds://`, the TLS files are read and the client configuration made here, so
 /// that a missing or unusable file is a 125 before anything starts.
-pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<EtcdTarget, ConfigError> {
-    let bad = || ConfigError::BadUrl {
+pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<EtcdTarget, UrlError> {
+    let bad = || UrlError::BadUrl {
         expected: KIND.usage,
     };
     let (tls, rest) = match url.split_once("://") {
@@ -98,7 +99,7 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<EtcdTarget, ConfigError>
             Some((user.to_owned(), password))
         }
         (None, Some(_)) => {
-            return Err(ConfigError::Backend(
+            return Err(UrlError::Backend(
                 "etcd authentication needs a user: etcd://USER@host:port with the password in \
                  LOCKRUN_PASSWORD"
                     .into(),
@@ -120,7 +121,7 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<EtcdTarget, ConfigError>
 /// The TLS configuration of `etcds://` from the files given: the server's chain and
 /// name always checked (there is no `--insecure-skip-tls-verify`: a private CA is one
 /// `LOCKRUN_TLS_CA` away, and a lock whose server is not authenticated is no lock).
-fn tls_config(files: &TlsFiles) -> Result<EtcdTls, ConfigError> {
+fn tls_config(files: &TlsFiles) -> Result<EtcdTls, UrlError> {
     let roots = match &files.ca {
         Some(pem) => Roots::Pem(pem),
         None => Roots::System,
@@ -130,7 +131,7 @@ fn tls_config(files: &TlsFiles) -> Result<EtcdTls, ConfigError> {
         .as_ref()
         .map(|(cert, key)| (cert.as_slice(), key.as_slice()));
     let shared = client_config(ServerCheck::ChainAndName, roots, client).map_err(|e| {
-        ConfigError::Backend(format!(
+        UrlError::Backend(format!(
             "etcds:// cannot use the TLS files of LOCKRUN_TLS_CA, LOCKRUN_TLS_CERT, \
              LOCKRUN_TLS_KEY: {e}"
         ))
@@ -195,11 +196,11 @@ fn warn_if_password_in_clear(target: &EtcdTarget) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::table::testing::{args, ctx};
+    use crate::backend::url::testing::{ctx, options};
 
     #[test]
     fn etcd_urls_list_every_member() {
-        let a = args(&[]);
+        let a = options();
         let t = parse("etcd://10.0.0.1:2379,10.0.0.2:2379", &ctx(&a, None)).unwrap();
         assert_eq!(t.members, vec!["10.0.0.1:2379", "10.0.0.2:2379"]);
         assert!(t.credentials.is_none());
@@ -209,7 +210,7 @@ mod tests {
         assert!(!format!("{t:?}").contains("pw\""));
         assert!(matches!(
             parse("etcd://h:2379", &ctx(&a, Some("pw"))),
-            Err(ConfigError::Backend(_))
+            Err(UrlError::Backend(_))
         ));
         for bad in [
             "etcd://",
@@ -223,7 +224,7 @@ mod tests {
         for zero in ["etcd://host:0", "etcd://a:2379,b:0", "etcd://u:pw@h:0/"] {
             assert_eq!(
                 parse(zero, &ctx(&a, None)).unwrap_err(),
-                ConfigError::PortZero,
+                UrlError::PortZero,
                 "{zero}"
             );
         }
@@ -231,16 +232,16 @@ mod tests {
 
     #[test]
     fn etcds_reads_its_tls_files_when_the_url_is_checked() {
-        let a = args(&[]);
+        let a = options();
         let missing = |v: &str| (v == "LOCKRUN_TLS_CA").then(|| "/nonexistent/ca.pem".to_owned());
         let ctx = UrlContext {
             password: None,
-            args: &a,
+            options: &a,
             env: &missing,
         };
         assert!(matches!(
             parse("etcds://h:2379", &ctx),
-            Err(ConfigError::TlsFile {
+            Err(UrlError::TlsFile {
                 var: "LOCKRUN_TLS_CA",
                 ..
             })
@@ -253,7 +254,7 @@ mod tests {
 
     #[test]
     fn a_password_over_plain_etcd_is_in_clear_text_unless_every_member_is_loopback() {
-        let a = args(&[]);
+        let a = options();
         let in_clear = |url: &str, password: Option<&str>| {
             let t = parse(url, &ctx(&a, password)).unwrap();
             password_in_clear(&t)

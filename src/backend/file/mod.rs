@@ -95,17 +95,17 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::backend::url::BackendConfig;
 use crate::backend::{
     wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release, MAX_LEASE,
 };
-use crate::config::BackendConfig;
 use acquire::{read_guarded, Attempt};
 use dir::{LockDir, Open};
 use line::Line;
 use lock::{lock_record, try_lock, Byte, Kind};
 use lockfile::LockFile;
 use record::{storable_token, Record};
-pub use target::{FileTarget, KIND};
+pub use target::KIND;
 use waiter::Waiter;
 
 /// How many times an acquire or `release --force` starts again on a lock file that was

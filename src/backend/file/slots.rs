@@ -48,22 +48,8 @@ impl FileBackend {
         req: &AcquireRequest,
     ) -> Result<Acquire, BackendError> {
         for _ in 0..TRIES {
-            let (file, queue) = match self.turn(name) {
-                Turn::Head(file) => (file, Queue::Head),
-                // Read only: its close must not wake the head (it watches for closes
-                // after writing).
-                Turn::Behind => match dir.open_lock(file_name, Open::Read)? {
-                    Some(file) if self.line_is_on(name, &file) => (file, Queue::Behind),
-                    // The file was replaced or removed: that line leads nowhere.
-                    _ => {
-                        self.local().lines.remove(name);
-                        continue;
-                    }
-                },
-                Turn::Out => match dir.open_lock(file_name, Open::Create)? {
-                    Some(file) => (file, Queue::Out),
-                    None => continue,
-                },
+            let Some((file, queue)) = self.open_in_turn(name, file_name, dir)? else {
+                continue;
             };
             let taken = self
                 .take_slot(dir, file_name, file, req, queue == Queue::Behind)
@@ -107,6 +93,32 @@ impl FileBackend {
             "the lock file {} kept being replaced; try again",
             dir.show(file_name)
         )))
+    }
+
+    /// The lock file of `name` (`file_name` in `dir`), opened as our place in its line
+    /// allows, and that place; `None` to try again.
+    fn open_in_turn(
+        &self,
+        name: &str,
+        file_name: &str,
+        dir: &LockDir,
+    ) -> Result<Option<(LockFile, Queue)>, BackendError> {
+        Ok(match self.turn(name) {
+            Turn::Head(file) => Some((file, Queue::Head)),
+            // Read only: its close must not wake the head (it watches for closes
+            // after writing).
+            Turn::Behind => match dir.open_lock(file_name, Open::Read)? {
+                Some(file) if self.line_is_on(name, &file) => Some((file, Queue::Behind)),
+                // The file was replaced or removed: that line leads nowhere.
+                _ => {
+                    self.local().lines.remove(name);
+                    None
+                }
+            },
+            Turn::Out => dir
+                .open_lock(file_name, Open::Create)?
+                .map(|file| (file, Queue::Out)),
+        })
     }
 
     /// Every holder of `name` now, by slot (`status`): read under the record's shared

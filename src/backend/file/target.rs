@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{name, FileBackend};
-use crate::backend::{AnyBackend, Kind, Target, UrlContext};
-use crate::config::{BackendConfig, ConfigError};
+use crate::backend::url::{BackendConfig, UrlError};
+use crate::backend::url::{Kind, Target, UrlContext};
+use crate::backend::AnyBackend;
 
 /// The table line of the file backend.
 pub const KIND: Kind = Kind {
@@ -43,9 +44,9 @@ impl Target for FileTarget {
 }
 
 /// Checks a `file://` URL (see the module documentation).
-pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<FileTarget, ConfigError> {
+pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<FileTarget, UrlError> {
     let refuse = |what: &str| {
-        ConfigError::Backend(format!(
+        UrlError::Backend(format!(
             "the file:// URL {what}: write file:///ABSOLUTE/DIR (three slashes, then the \
              lock directory's absolute path)"
         ))
@@ -91,13 +92,13 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<FileTarget, ConfigError>
         return Err(refuse("names / itself; give a directory of lockrun's own"));
     }
     if ctx.password.is_some() {
-        return Err(ConfigError::Backend(
+        return Err(UrlError::Backend(
             "the file backend takes no password: unset LOCKRUN_PASSWORD and drop \
              --password-file"
                 .into(),
         ));
     }
-    name::check_prefix(&ctx.args.key_prefix).map_err(ConfigError::Backend)?;
+    name::check_prefix(&ctx.options.key_prefix).map_err(UrlError::Backend)?;
     Ok(FileTarget {
         dir: PathBuf::from(format!("/{}", parts.join("/"))),
     })
@@ -106,10 +107,10 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<FileTarget, ConfigError>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::table::testing::{args, ctx};
+    use crate::backend::url::testing::{ctx, options};
 
     fn check(url: &str) -> Result<String, String> {
-        let a = args(&[]);
+        let a = options();
         parse(url, &ctx(&a, None))
             .map(|t| t.display())
             .map_err(|e| e.to_string())
@@ -157,7 +158,7 @@ mod tests {
 
     #[test]
     fn a_password_or_a_prefix_too_long_is_refused() {
-        let a = args(&[]);
+        let a = options();
         let e = parse("file:///x", &ctx(&a, Some("pw")))
             .unwrap_err()
             .to_string();
@@ -165,7 +166,7 @@ mod tests {
             e.contains("LOCKRUN_PASSWORD") && e.contains("--password-file"),
             "{e}"
         );
-        let mut long = args(&[]);
+        let mut long = options();
         long.key_prefix = "p".repeat(name::MAX_PREFIX + 1);
         let e = parse("file:///x", &ctx(&long, None))
             .unwrap_err()

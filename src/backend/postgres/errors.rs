@@ -16,63 +16,84 @@ const SET_CLIENT_CERT: &str =
 /// Translates a client error into a one-line message that names the server as
 /// `host:port` only (never the URL, which may hold a password).
 pub(super) fn describe(e: &tokio_postgres::Error, at: &str, table: &str) -> BackendError {
-    let refused = |what: String| BackendError::Refused(format!("PostgreSQL at {at} {what}"));
     if let Some(db) = e.as_db_error() {
-        let code = db.code().code();
-        let msg = db.message().replace('\n', " ");
-        return match code {
-            "28P01" => refused(format!(
-                "refused the password ({msg}): check the user, and the password in \
-                 LOCKRUN_PASSWORD, --password-file or the URL"
-            )),
-            c if c.starts_with("28") => refused(auth_line(&msg)),
-            "3D000" => refused(format!("has no such database ({msg})")),
-            "42501" => refused(format!("denied access to the lock table {} ({msg})", table)),
-            "3F000" => refused(format!(
-                "has no schema for the lock table {} ({msg})",
-                table
-            )),
-            "25006" => BackendError::Unavailable(format!(
-                "PostgreSQL at {at} is read-only (a standby?): use the primary, or \
-                 target_session_attrs=read-write with several hosts ({msg})"
-            )),
-            "55P03" | "57014" => {
-                BackendError::Unavailable(format!("PostgreSQL at {at} is busy: {msg}"))
-            }
-            c if ["08", "40", "53", "57", "58"]
-                .iter()
-                .any(|p| c.starts_with(p)) =>
-            {
-                BackendError::Unavailable(format!("PostgreSQL at {at} is not ready: {msg}"))
-            }
-            c if c.starts_with("42") => refused(format!(
-                "rejected a statement on {}: is it a lockrun table? ({msg})",
-                table
-            )),
-            _ => refused(format!("answered with an error: {code} {msg}")),
-        };
+        return server_error(db, at, table);
     }
     if let Some((problem, words)) = certificate_problem_kind(e) {
-        let hint = match problem {
-            CertProblem::UnknownIssuer => {
-                "set sslrootcert=FILE (or LOCKRUN_TLS_CA) to the CA that signed it (the \
-                 server's ssl_cert_file), or sslrootcert=system for a public CA"
-            }
-            CertProblem::WrongName => {
-                "connect by a name the certificate holds, or use sslmode=verify-ca to check \
-                 the CA only"
-            }
-            CertProblem::Dates => {
-                "renew the server's certificate (ssl_cert_file), or check this host's clock"
-            }
-            CertProblem::ClientCertWanted => SET_CLIENT_CERT,
-            CertProblem::ClientCertRefused => {
-                "use a client certificate signed by a CA in the server's ssl_ca_file"
-            }
-            CertProblem::Other => "check the server's ssl_cert_file",
-        };
-        return BackendError::Refused(format!("TLS to PostgreSQL at {at} failed: {words}: {hint}"));
+        return certificate_error(problem, &words, at);
     }
+    client_error(e, at)
+}
+
+/// A refusal of the server at `at`: "PostgreSQL at HOST `what`".
+fn refused(at: &str, what: String) -> BackendError {
+    BackendError::Refused(format!("PostgreSQL at {at} {what}"))
+}
+
+/// An error the server sent, by its SQLSTATE.
+fn server_error(db: &tokio_postgres::error::DbError, at: &str, table: &str) -> BackendError {
+    let refused = |what: String| refused(at, what);
+    let code = db.code().code();
+    let msg = db.message().replace('\n', " ");
+    match code {
+        "28P01" => refused(format!(
+            "refused the password ({msg}): check the user, and the password in \
+             LOCKRUN_PASSWORD, --password-file or the URL"
+        )),
+        c if c.starts_with("28") => refused(auth_line(&msg)),
+        "3D000" => refused(format!("has no such database ({msg})")),
+        "42501" => refused(format!("denied access to the lock table {} ({msg})", table)),
+        "3F000" => refused(format!(
+            "has no schema for the lock table {} ({msg})",
+            table
+        )),
+        "25006" => BackendError::Unavailable(format!(
+            "PostgreSQL at {at} is read-only (a standby?): use the primary, or \
+             target_session_attrs=read-write with several hosts ({msg})"
+        )),
+        "55P03" | "57014" => {
+            BackendError::Unavailable(format!("PostgreSQL at {at} is busy: {msg}"))
+        }
+        c if ["08", "40", "53", "57", "58"]
+            .iter()
+            .any(|p| c.starts_with(p)) =>
+        {
+            BackendError::Unavailable(format!("PostgreSQL at {at} is not ready: {msg}"))
+        }
+        c if c.starts_with("42") => refused(format!(
+            "rejected a statement on {}: is it a lockrun table? ({msg})",
+            table
+        )),
+        _ => refused(format!("answered with an error: {code} {msg}")),
+    }
+}
+
+/// A certificate refused in the TLS handshake (`words`), with what to set.
+fn certificate_error(problem: CertProblem, words: &str, at: &str) -> BackendError {
+    let hint = match problem {
+        CertProblem::UnknownIssuer => {
+            "set sslrootcert=FILE (or LOCKRUN_TLS_CA) to the CA that signed it (the \
+             server's ssl_cert_file), or sslrootcert=system for a public CA"
+        }
+        CertProblem::WrongName => {
+            "connect by a name the certificate holds, or use sslmode=verify-ca to check \
+             the CA only"
+        }
+        CertProblem::Dates => {
+            "renew the server's certificate (ssl_cert_file), or check this host's clock"
+        }
+        CertProblem::ClientCertWanted => SET_CLIENT_CERT,
+        CertProblem::ClientCertRefused => {
+            "use a client certificate signed by a CA in the server's ssl_ca_file"
+        }
+        CertProblem::Other => "check the server's ssl_cert_file",
+    };
+    BackendError::Refused(format!("TLS to PostgreSQL at {at} failed: {words}: {hint}"))
+}
+
+/// An error of the client's own: TLS, authentication, configuration, or the network.
+fn client_error(e: &tokio_postgres::Error, at: &str) -> BackendError {
+    let refused = |what: String| refused(at, what);
     let kind = e.to_string();
     let reason = reason(e);
     if reason.text.contains("server does not support TLS") {

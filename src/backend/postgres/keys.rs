@@ -1,7 +1,7 @@
 //! The key of a lock's row: `PREFIX{NAME}`, injective by construction. Pure; part of
 //! [`super`].
 //!
-//! A lock name is 1 to 200 bytes of `A-Z a-z 0-9 . _ - : /` (`config::LockName`): it
+//! A lock name is 1 to 200 bytes of `A-Z a-z 0-9 . _ - : /` (`name::LockName`): it
 //! holds no `{` or `}`. So in a key `PREFIX{NAME}` (and in a semaphore's rows
 //! `PREFIX{NAME}#i` and `PREFIX{NAME}#slots`, whose suffixes hold no brace either) the
 //! last `}` closes the name, the last `{` before it opens it, and what comes before is
@@ -93,7 +93,7 @@ mod tests {
         let mut seen: HashMap<String, (&str, &str, Option<u32>)> = HashMap::new();
         for prefix in prefixes {
             for name in names {
-                if crate::config::LockName::parse(name).is_err() {
+                if crate::name::LockName::parse(name).is_err() {
                     continue;
                 }
                 for (key, slot) in rows(prefix, name, 12) {
@@ -108,7 +108,7 @@ mod tests {
             lock_key("lockrun:teamA:", "job"),
             lock_key("lockrun:", "teamA:job")
         );
-        assert!(crate::config::LockName::parse("b}").is_err());
-        assert!(crate::config::LockName::parse("{b").is_err());
+        assert!(crate::name::LockName::parse("b}").is_err());
+        assert!(crate::name::LockName::parse("{b").is_err());
     }
 }

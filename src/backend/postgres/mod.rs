@@ -115,6 +115,7 @@
 //! `requests.rs` (the lock's requests and the reading of their answers), `errors.rs`
 //! (error lines), `tls.rs` (rustls for `sslmode`).
 
+mod cancel_key;
 mod errors;
 mod keys;
 mod requests;
@@ -124,13 +125,11 @@ mod target;
 mod tls;
 
 use std::future::poll_fn;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicU8};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
@@ -138,10 +137,11 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, Connection as PgConnection, NoTls, Row};
 
 use crate::backend::conn::{Connection, InUse, Slot, Wakeups};
+use crate::backend::url::BackendConfig;
 use crate::backend::BackendError;
-use crate::config::BackendConfig;
+use cancel_key::key_pid;
 use sql::{begin, channel, Sql};
-pub use target::{PgArgs, PostgresTarget, KIND};
+pub use target::{PostgresTarget, KIND};
 
 /// The longest a polite close may take before the connection is just dropped.
 const CLOSE_TIME: Duration = Duration::from_millis(200);
@@ -462,90 +462,5 @@ where
         if let AsyncMessage::Notification(_) = message {
             let _ = wake.try_send(());
         }
-    }
-}
-
-/// The process id of `client`'s cancel key (BackendKeyData), which tokio-postgres keeps
-/// to itself: read from the cancel request it writes, here into memory (nothing is
-/// sent anywhere). None if it cannot be read.
-async fn key_pid(client: &Client) -> Option<i32> {
-    let written = Arc::new(Mutex::new(Vec::new()));
-    let capture = Capture {
-        written: written.clone(),
-        answered: false,
-    };
-    client
-        .cancel_token()
-        .cancel_query_raw(capture, Passthrough)
-        .await
-        .ok()?;
-    let bytes = written
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
-    // The CancelRequest: length 16, code 80877102, process id, secret key (after an
-    // SSLRequest of 8 bytes when the connection asked for TLS).
-    let request = bytes.get(bytes.len().checked_sub(16)?..)?;
-    let word =
-        |i: usize| i32::from_be_bytes([request[i], request[i + 1], request[i + 2], request[i + 3]]);
-    (word(0) == 16 && word(4) == 80_877_102).then(|| word(8))
-}
-
-/// A stream that keeps what is written to it and answers `S` (go ahead with TLS) to a
-/// read: where the cancel request of [`key_pid`] goes.
-struct Capture {
-    written: Arc<Mutex<Vec<u8>>>,
-    answered: bool,
-}
-
-impl AsyncRead for Capture {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        if !std::mem::replace(&mut self.answered, true) {
-            buf.put_slice(b"S");
-        }
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncWrite for Capture {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
-        written.extend_from_slice(data);
-        Poll::Ready(Ok(data.len()))
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl tokio_postgres::tls::TlsStream for Capture {
-    fn channel_binding(&self) -> tokio_postgres::tls::ChannelBinding {
-        tokio_postgres::tls::ChannelBinding::none()
-    }
-}
-
-/// A "TLS" that is the stream itself, for [`Capture`] only.
-struct Passthrough;
-
-impl tokio_postgres::tls::TlsConnect<Capture> for Passthrough {
-    type Stream = Capture;
-    type Error = std::io::Error;
-    type Future = std::future::Ready<Result<Capture, std::io::Error>>;
-
-    fn connect(self, stream: Capture) -> Self::Future {
-        std::future::ready(Ok(stream))
     }
 }

@@ -167,53 +167,8 @@ impl PostgresBackend {
     /// in its transaction. No answer row means the row (the slot) was taken by a
     /// transaction that committed after the statement's snapshot: visible to the next.
     async fn try_acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
-        let key = self.key(name);
-        let pid = i64::from(req.pid);
-        let ttl = millis(req.ttl)?;
-        let (keys, token) = (self.keys(name), stored_token(&req.token, self.slots));
-        let (limit, queue) = (limit_key(&key), queue_key(&key));
-        let legacy = legacy_key(&self.key_prefix, name);
-        let alive = millis(WAITER_ALIVE)?;
-        let (n, lock) = (
-            i64::from(self.slots),
-            name_lock_id(&self.target.table, &key),
-        );
         for attempt in 0..3 {
-            let rows = match self.slots {
-                1 => {
-                    let params: &Params<'_> = &[
-                        (&key, Type::TEXT),
-                        (&req.token, Type::TEXT),
-                        (&req.host, Type::TEXT),
-                        (&pid, Type::INT8),
-                        (&ttl, Type::INT8),
-                        (&limit, Type::TEXT),
-                        (&queue, Type::TEXT),
-                        (&self.waiter, Type::TEXT),
-                        (&alive, Type::INT8),
-                        (&legacy, Type::TEXT),
-                    ];
-                    self.query(&self.sql.acquire, params, Missing::Create)
-                        .await?
-                }
-                _ => {
-                    let params: &Params<'_> = &[
-                        (&keys, Type::TEXT_ARRAY),
-                        (&token, Type::TEXT),
-                        (&req.host, Type::TEXT),
-                        (&pid, Type::INT8),
-                        (&ttl, Type::INT8),
-                        (&n, Type::INT8),
-                        (&limit, Type::TEXT),
-                        (&queue, Type::TEXT),
-                        (&self.waiter, Type::TEXT),
-                        (&alive, Type::INT8),
-                    ];
-                    let sql = &self.sql.acquire_slot;
-                    self.query_locked(Some(lock), sql, params, Missing::Create)
-                        .await?
-                }
-            };
+            let rows = self.acquire_rows(name, req).await?;
             if let Some(row) = rows.first() {
                 return self.answer(row, &req.token);
             }
@@ -231,6 +186,59 @@ impl PostgresBackend {
             }
         }
         Ok(Acquire::Busy(Holder::default()))
+    }
+
+    /// The answer rows of one acquisition statement (none: see [`Self::try_acquire`]).
+    async fn acquire_rows(
+        &self,
+        name: &str,
+        req: &AcquireRequest,
+    ) -> Result<Vec<Row>, BackendError> {
+        let key = self.key(name);
+        let pid = i64::from(req.pid);
+        let ttl = millis(req.ttl)?;
+        let (keys, token) = (self.keys(name), stored_token(&req.token, self.slots));
+        let (limit, queue) = (limit_key(&key), queue_key(&key));
+        let legacy = legacy_key(&self.key_prefix, name);
+        let alive = millis(WAITER_ALIVE)?;
+        let (n, lock) = (
+            i64::from(self.slots),
+            name_lock_id(&self.target.table, &key),
+        );
+        match self.slots {
+            1 => {
+                let params: &Params<'_> = &[
+                    (&key, Type::TEXT),
+                    (&req.token, Type::TEXT),
+                    (&req.host, Type::TEXT),
+                    (&pid, Type::INT8),
+                    (&ttl, Type::INT8),
+                    (&limit, Type::TEXT),
+                    (&queue, Type::TEXT),
+                    (&self.waiter, Type::TEXT),
+                    (&alive, Type::INT8),
+                    (&legacy, Type::TEXT),
+                ];
+                self.query(&self.sql.acquire, params, Missing::Create).await
+            }
+            _ => {
+                let params: &Params<'_> = &[
+                    (&keys, Type::TEXT_ARRAY),
+                    (&token, Type::TEXT),
+                    (&req.host, Type::TEXT),
+                    (&pid, Type::INT8),
+                    (&ttl, Type::INT8),
+                    (&n, Type::INT8),
+                    (&limit, Type::TEXT),
+                    (&queue, Type::TEXT),
+                    (&self.waiter, Type::TEXT),
+                    (&alive, Type::INT8),
+                ];
+                let sql = &self.sql.acquire_slot;
+                self.query_locked(Some(lock), sql, params, Missing::Create)
+                    .await
+            }
+        }
     }
 
     /// Reads an acquisition's answer row: taken (its fencing token and slot), or the

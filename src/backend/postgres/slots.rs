@@ -257,7 +257,7 @@ mod tests {
         assert_eq!(limit_key("lockrun:job"), "lockrun:job#slots");
         assert_eq!(queue_key("lockrun:job"), "lockrun:job#queue");
         // Names cannot hold `#`: no row of one name is another name's.
-        assert!(crate::config::LockName::parse("job#1").is_err());
+        assert!(crate::name::LockName::parse("job#1").is_err());
         let mut all = std::collections::HashSet::new();
         for name in ["a", "a:1", "a1", "a/slots", "slots"] {
             let key = format!("lockrun:{name}");

@@ -20,13 +20,16 @@
 //! addresses), or its common name when it has no DNS name among them. Any other parameter
 //! tokio-postgres does not know is refused by name.
 
-use std::path::Path;
+mod tls;
+
 use std::sync::Arc;
 
 use super::PostgresBackend;
-use crate::backend::tls::{client_config, Roots, ServerCheck, TlsFiles};
-use crate::backend::{AnyBackend, Kind, Target, UrlContext};
-use crate::config::{BackendConfig, ConfigError};
+use crate::backend::tls::ServerCheck;
+use crate::backend::url::{BackendConfig, UrlError};
+use crate::backend::url::{Kind, Target, UrlContext};
+use crate::backend::AnyBackend;
+use tls::tls;
 
 /// The table line of PostgreSQL.
 pub const KIND: Kind = Kind {
@@ -34,20 +37,6 @@ pub const KIND: Kind = Kind {
     usage: "postgres://[user[:pass]@]host[:port][,...]/db[?param=value&...] (or postgresql://; sslmode, sslrootcert, sslcert, sslkey, channel_binding as in libpq)",
     parse: |url, ctx| Ok(Arc::new(parse(url, ctx)?)),
 };
-
-/// The PostgreSQL backend's options (flattened into the command line's backend
-/// options).
-#[derive(Clone, Debug, clap::Args)]
-pub struct PgArgs {
-    /// PostgreSQL only: the lease table (TABLE or SCHEMA.TABLE), created if missing.
-    #[arg(
-        long = "pg-table",
-        env = "LOCKRUN_PG_TABLE",
-        default_value = "lockrun_locks",
-        value_name = "TABLE"
-    )]
-    pub table: String,
-}
 
 /// Connection details of a PostgreSQL database.
 #[derive(Clone, Debug)]
@@ -111,7 +100,7 @@ pub enum SslMode {
 }
 
 impl SslMode {
-    fn parse(value: &str) -> Result<SslMode, ConfigError> {
+    fn parse(value: &str) -> Result<SslMode, UrlError> {
         Ok(match value {
             "disable" => SslMode::Disable,
             "allow" | "prefer" => SslMode::Prefer,
@@ -119,7 +108,7 @@ impl SslMode {
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
             other => {
-                return Err(ConfigError::Backend(format!(
+                return Err(UrlError::Backend(format!(
                     "sslmode={} is not valid: use disable, prefer, require, verify-ca or \
                      verify-full",
                     other.chars().take(32).collect::<String>()
@@ -200,7 +189,7 @@ const PASSED_ON: &[&str] = &[
 /// Takes lockrun's own parameters out of `url`'s query (found as tokio-postgres finds
 /// it: after the first `@`, the first `?`); the rest of the URL is for tokio-postgres.
 /// The last of a repeated parameter wins, as in libpq.
-fn split_params(url: &str) -> Result<(String, LibpqParams), ConfigError> {
+fn split_params(url: &str) -> Result<(String, LibpqParams), UrlError> {
     let after_creds = url.find('@').map_or(0, |at| at + 1);
     let Some(q) = url[after_creds..].find('?').map(|q| q + after_creds) else {
         return Ok((url.to_owned(), LibpqParams::default()));
@@ -209,7 +198,7 @@ fn split_params(url: &str) -> Result<(String, LibpqParams), ConfigError> {
     let mut kept = Vec::new();
     for pair in url[q + 1..].split('&').filter(|p| !p.is_empty()) {
         let Some((key, value)) = pair.split_once('=') else {
-            return Err(ConfigError::BadUrl {
+            return Err(UrlError::BadUrl {
                 expected: KIND.usage,
             });
         };
@@ -226,7 +215,7 @@ fn split_params(url: &str) -> Result<(String, LibpqParams), ConfigError> {
                 continue;
             }
             k => {
-                return Err(ConfigError::Backend(format!(
+                return Err(UrlError::Backend(format!(
                     "the PostgreSQL URL has the parameter {:?}, which lockrun does not support \
                      (see the PostgreSQL URL's parameters in the README or lockrun(1))",
                     k.chars().take(32).collect::<String>()
@@ -264,22 +253,22 @@ fn percent_decode(s: &str) -> String {
 }
 
 /// Checks a PostgreSQL URL and `--pg-table`; the context's password wins.
-pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<PostgresTarget, ConfigError> {
+pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<PostgresTarget, UrlError> {
     let (url, params) = split_params(url)?;
-    let mut config: tokio_postgres::Config = url.parse().map_err(|_| ConfigError::BadUrl {
+    let mut config: tokio_postgres::Config = url.parse().map_err(|_| UrlError::BadUrl {
         expected: KIND.usage,
     })?;
     // libpq's URL form takes port 0 (in the host list or as `?port=0`); nothing
     // listens there.
     if config.get_ports().contains(&0) {
-        return Err(ConfigError::PortZero);
+        return Err(UrlError::PortZero);
     }
     if let Some(password) = &ctx.password {
         config.password(password.clone());
     }
-    let table = &ctx.args.postgres.table;
+    let table = &ctx.options.pg_table;
     if !valid_table_name(table) {
-        return Err(ConfigError::Backend(format!(
+        return Err(UrlError::Backend(format!(
             "invalid --pg-table {:?}: use NAME or SCHEMA.NAME of letters, digits and _",
             table.chars().take(64).collect::<String>()
         )));
@@ -290,199 +279,6 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<PostgresTarget, ConfigEr
         tls,
         table: table.clone(),
     })
-}
-
-/// A file named by a parameter or a variable: its contents, or a 125 naming it.
-fn read_file(var: &'static str, path: &str) -> Result<Vec<u8>, ConfigError> {
-    std::fs::read(path).map_err(|e| ConfigError::TlsFile {
-        var,
-        path: path.to_owned(),
-        reason: e.kind().to_string(),
-    })
-}
-
-/// libpq's refusal of a private key others may read: at most 0600 for a file of ours,
-/// 0640 for one of root's.
-fn check_key_mode(var: &'static str, path: &str) -> Result<(), ConfigError> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).map_err(|e| ConfigError::TlsFile {
-        var,
-        path: path.to_owned(),
-        reason: e.kind().to_string(),
-    })?;
-    let mode = meta.mode() & 0o777;
-    let allowed = if meta.uid() == 0 { 0o640 } else { 0o600 };
-    if meta.is_file() && mode & !allowed != 0 {
-        return Err(ConfigError::Backend(format!(
-            "{var} ({path}) can be read by others (mode {mode:04o}): chmod 600 it \
-             (0640 if root owns it), as libpq requires"
-        )));
-    }
-    Ok(())
-}
-
-/// TLS from the URL's parameters, the environment's files and libpq's default files;
-/// sets tokio-postgres' `sslmode` and `channel_binding` to match.
-fn tls(
-    params: &LibpqParams,
-    config: &mut tokio_postgres::Config,
-    ctx: &UrlContext<'_>,
-) -> Result<Option<PgTls>, ConfigError> {
-    use tokio_postgres::config::{ChannelBinding, SslMode as PgMode, SslNegotiation};
-    let system = params.sslrootcert.as_deref() == Some("system");
-    let mode = match params.sslmode.as_deref() {
-        Some(value) => SslMode::parse(value)?,
-        // libpq 16: the system's roots mean verify-full unless told otherwise.
-        None if system => SslMode::VerifyFull,
-        None => SslMode::Prefer,
-    };
-    if system && mode != SslMode::VerifyFull {
-        return Err(ConfigError::Backend(format!(
-            "sslrootcert=system needs sslmode=verify-full, not {} (any CA of the system \
-             may have signed a certificate for any name)",
-            mode.as_str()
-        )));
-    }
-    match params.gssencmode.as_deref() {
-        None | Some("disable" | "prefer") => {}
-        Some(_) => {
-            return Err(ConfigError::Backend(
-                "lockrun does not use GSSAPI encryption: use gssencmode=disable (or leave it \
-                 out) and sslmode for TLS"
-                    .to_owned(),
-            ))
-        }
-    }
-    let binding = match params.channel_binding.as_deref() {
-        None | Some("prefer") => ChannelBinding::Prefer,
-        Some("disable") => ChannelBinding::Disable,
-        Some("require") => ChannelBinding::Require,
-        Some(other) => {
-            return Err(ConfigError::Backend(format!(
-                "channel_binding={} is not valid: use disable, prefer or require",
-                other.chars().take(32).collect::<String>()
-            )))
-        }
-    };
-    if binding == ChannelBinding::Require && mode == SslMode::Disable {
-        return Err(ConfigError::Backend(
-            "channel_binding=require needs TLS: not with sslmode=disable".to_owned(),
-        ));
-    }
-    config.channel_binding(binding);
-    // libpq ignores sslmode on Unix-domain sockets (the server never offers TLS there).
-    let all_unix = !config.get_hosts().is_empty()
-        && config
-            .get_hosts()
-            .iter()
-            .all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)));
-    if mode == SslMode::Disable || all_unix {
-        config.ssl_mode(PgMode::Disable);
-        return Ok(None);
-    }
-    if mode == SslMode::Prefer && config.get_ssl_negotiation() == SslNegotiation::Direct {
-        return Err(ConfigError::Backend(
-            "sslnegotiation=direct needs sslmode=require, verify-ca or verify-full".to_owned(),
-        ));
-    }
-    config.ssl_mode(if mode == SslMode::Prefer {
-        PgMode::Prefer
-    } else {
-        PgMode::Require
-    });
-
-    let env = TlsFiles::from_env(ctx.env)?;
-    let home = (ctx.env)("HOME").filter(|h| !h.is_empty());
-    // libpq's default files, used only when they exist.
-    let default_file = |name: &str| {
-        home.as_ref()
-            .map(|h| Path::new(h).join(".postgresql").join(name))
-            .filter(|p| p.exists())
-            .map(|p| p.display().to_string())
-    };
-
-    // The roots: sslrootcert, LOCKRUN_TLS_CA, ~/.postgresql/root.crt.
-    let (ca, ca_from): (Option<Vec<u8>>, String) = match params.sslrootcert.as_deref() {
-        Some("system") => (None, "sslrootcert=system".to_owned()),
-        Some(path) => (
-            Some(read_file("sslrootcert", path)?),
-            format!("sslrootcert={path}"),
-        ),
-        None => match (env.ca, default_file("root.crt")) {
-            (Some(pem), _) => (Some(pem), "LOCKRUN_TLS_CA".to_owned()),
-            (None, Some(path)) => (Some(read_file("the default sslrootcert", &path)?), path),
-            (None, None) => (None, String::new()),
-        },
-    };
-    let has_roots = system || ca.is_some();
-    let check = match mode {
-        SslMode::VerifyFull => ServerCheck::ChainAndNameOrCommonName,
-        SslMode::VerifyCa => ServerCheck::Chain,
-        _ if has_roots => ServerCheck::Chain,
-        _ => ServerCheck::EncryptOnly,
-    };
-    if !has_roots && check != ServerCheck::EncryptOnly {
-        return Err(ConfigError::Backend(format!(
-            "sslmode={} needs the CA that signed the server's certificate: set \
-             sslrootcert=FILE, sslrootcert=system or LOCKRUN_TLS_CA (or put it in \
-             ~/.postgresql/root.crt)",
-            mode.as_str()
-        )));
-    }
-
-    // The client certificate: sslcert and sslkey, LOCKRUN_TLS_CERT and _KEY, libpq's
-    // ~/.postgresql/postgresql.crt and .key.
-    let (client, client_from) = match (params.sslcert.as_deref(), params.sslkey.as_deref()) {
-        (Some(cert), Some(key)) => {
-            let cert_pem = read_file("sslcert", cert)?;
-            check_key_mode("sslkey", key)?;
-            (
-                Some((cert_pem, read_file("sslkey", key)?)),
-                format!("sslcert={cert}, sslkey={key}"),
-            )
-        }
-        (Some(_), None) | (None, Some(_)) => {
-            return Err(ConfigError::Backend(
-                "sslcert and sslkey go together: give both or neither".to_owned(),
-            ))
-        }
-        (None, None) => match (env.client, default_file("postgresql.crt")) {
-            (Some(pair), _) => (Some(pair), "LOCKRUN_TLS_CERT, LOCKRUN_TLS_KEY".to_owned()),
-            (None, Some(cert)) => {
-                let key = cert.trim_end_matches(".crt").to_owned() + ".key";
-                check_key_mode("the default sslkey", &key)?;
-                let pair = (
-                    read_file("the default sslcert", &cert)?,
-                    read_file("the default sslkey", &key)?,
-                );
-                (Some(pair), format!("{cert}, {key}"))
-            }
-            (None, None) => (None, String::new()),
-        },
-    };
-
-    let roots = match &ca {
-        Some(pem) => Roots::Pem(pem),
-        None => Roots::System,
-    };
-    let client_pair = client.as_ref().map(|(c, k)| (c.as_slice(), k.as_slice()));
-    let made = client_config(check, roots, client_pair).map_err(|e| match e {
-        ConfigError::Backend(why) if why.starts_with("the CA file") => {
-            ConfigError::Backend(format!("{why} ({ca_from})"))
-        }
-        ConfigError::Backend(why) if why.starts_with("the client") => {
-            ConfigError::Backend(format!("{why} ({client_from})"))
-        }
-        other => other,
-    })?;
-    let mut rustls = (*made).clone();
-    rustls.alpn_protocols = vec![b"postgresql".to_vec()];
-    Ok(Some(PgTls {
-        mode,
-        check,
-        client_cert: client.is_some(),
-        config: Arc::new(rustls),
-    }))
 }
 
 /// `name` or `schema.name`, each an unquoted SQL identifier of at most 63 bytes.
@@ -499,244 +295,4 @@ fn valid_table_name(table: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::table::testing::{args, ctx};
-
-    #[test]
-    fn postgres_urls_parse_and_hide_the_password() {
-        let a = args(&[]);
-        let pg = parse(
-            "postgres://u:pw@db.example:6543/app?sslmode=disable",
-            &ctx(&a, None),
-        )
-        .unwrap();
-        assert_eq!(pg.display(), "db.example:6543");
-        assert!(pg.tls.is_none());
-        assert_eq!(pg.table, "lockrun_locks");
-        assert!(!format!("{pg:?}").contains("pw@") && !format!("{pg:?}").contains("\"pw\""));
-        let pg = parse("postgresql://localhost/test", &ctx(&a, Some("envpw"))).unwrap();
-        assert_eq!(pg.config.get_password(), Some(&b"envpw"[..]));
-        assert_eq!(
-            pg.tls.unwrap().mode,
-            SslMode::Prefer,
-            "sslmode defaults to prefer"
-        );
-    }
-
-    #[test]
-    fn port_0_is_refused() {
-        let a = args(&[]);
-        for url in [
-            "postgres://u:pw@h:0/db",
-            "postgresql://h1:5432,h2:0/db",
-            "postgres://h/db?port=0",
-        ] {
-            let e = parse(url, &ctx(&a, None)).unwrap_err();
-            assert_eq!(e, ConfigError::PortZero, "{url}");
-        }
-        assert!(parse("postgres://h:5432/db", &ctx(&a, None)).is_ok());
-    }
-
-    #[test]
-    fn the_table_name_must_be_a_plain_identifier() {
-        let mut a = args(&[]);
-        a.postgres.table = "x; drop table y".into();
-        assert!(matches!(
-            parse("postgres://localhost/test", &ctx(&a, None)),
-            Err(ConfigError::Backend(m)) if m.contains("--pg-table")
-        ));
-        assert!(valid_table_name("locks.lockrun_leases"));
-        assert!(!valid_table_name("a.b.c"));
-    }
-
-    /// Parses `url` with the environment `env` (name, value).
-    fn parse_env(url: &str, env: &[(&str, String)]) -> Result<PostgresTarget, ConfigError> {
-        let a = args(&[]);
-        let env: Vec<(String, String)> = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.clone()))
-            .collect();
-        let get = move |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-        let ctx = UrlContext {
-            password: None,
-            args: &a,
-            env: &get,
-        };
-        parse(url, &ctx)
-    }
-
-    fn line(r: Result<PostgresTarget, ConfigError>) -> String {
-        r.unwrap_err().to_string()
-    }
-
-    #[test]
-    fn libpq_parameters_are_taken_out_and_the_rest_passed_on() {
-        let (rest, p) = split_params(
-            "postgres://u:p%3F@h1,h2:5433/db?sslmode=verify-full&application_name=x\
-             &sslrootcert=%2Ftmp%2Fca%20x.pem&channel_binding=require&sslmode=require",
-        )
-        .unwrap();
-        assert_eq!(rest, "postgres://u:p%3F@h1,h2:5433/db?application_name=x");
-        assert_eq!(p.sslmode.as_deref(), Some("require"), "the last one wins");
-        assert_eq!(p.sslrootcert.as_deref(), Some("/tmp/ca x.pem"));
-        assert_eq!(p.channel_binding.as_deref(), Some("require"));
-        let (rest, _) = split_params("postgres://h/db?sslmode=disable").unwrap();
-        assert_eq!(rest, "postgres://h/db");
-        let e = line(parse_env("postgres://h/db?sslcrl=/x&password=pw", &[]));
-        assert!(e.contains("\"sslcrl\"") && !e.contains("pw"), "{e}");
-        let e = line(parse_env("postgres://h/db?sslmode=verify-all", &[]));
-        assert!(e.starts_with("sslmode=verify-all is not valid"), "{e}");
-        let e = line(parse_env("postgres://h/db?gssencmode=require", &[]));
-        assert!(e.contains("gssencmode=disable"), "{e}");
-        assert!(parse_env("postgres://h/db?gssencmode=disable", &[]).is_ok());
-    }
-
-    #[test]
-    fn sslmode_and_the_roots_decide_what_is_checked() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        crate::backend::tls::testing::ca_and_server(d, "ca", "DNS:db.example");
-        let ca = d.join("ca.pem").display().to_string();
-        let check = |url: &str, env: &[(&str, String)]| {
-            let t = parse_env(url, env).unwrap().tls;
-            t.map(|t| (t.mode, t.check))
-        };
-        use ServerCheck::*;
-        assert_eq!(check("postgres://h/db?sslmode=disable", &[]), None);
-        assert_eq!(
-            check("postgres://h/db", &[]),
-            Some((SslMode::Prefer, EncryptOnly))
-        );
-        assert_eq!(
-            check("postgres://h/db?sslmode=allow", &[]),
-            Some((SslMode::Prefer, EncryptOnly))
-        );
-        assert_eq!(
-            check("postgres://h/db?sslmode=require", &[]),
-            Some((SslMode::Require, EncryptOnly))
-        );
-        // A root makes require check the chain, as libpq does.
-        let with_ca = format!("postgres://h/db?sslmode=require&sslrootcert={ca}");
-        assert_eq!(check(&with_ca, &[]), Some((SslMode::Require, Chain)));
-        let env_ca = [("LOCKRUN_TLS_CA", ca.clone())];
-        assert_eq!(
-            check("postgres://h/db?sslmode=require", &env_ca),
-            Some((SslMode::Require, Chain))
-        );
-        assert_eq!(
-            check("postgres://h/db?sslmode=verify-ca", &env_ca),
-            Some((SslMode::VerifyCa, Chain))
-        );
-        assert_eq!(
-            check(
-                &format!("postgres://h/db?sslmode=verify-full&sslrootcert={ca}"),
-                &[]
-            ),
-            Some((SslMode::VerifyFull, ChainAndNameOrCommonName))
-        );
-        // libpq's default root file, under HOME.
-        std::fs::create_dir(d.join(".postgresql")).unwrap();
-        std::fs::copy(d.join("ca.pem"), d.join(".postgresql/root.crt")).unwrap();
-        let home = [("HOME", d.display().to_string())];
-        assert_eq!(
-            check("postgres://h/db?sslmode=verify-full", &home),
-            Some((SslMode::VerifyFull, ChainAndNameOrCommonName))
-        );
-        // sslrootcert=system: verify-full by default, and nothing weaker.
-        assert_eq!(
-            check("postgres://h/db?sslrootcert=system", &[]),
-            Some((SslMode::VerifyFull, ChainAndNameOrCommonName))
-        );
-        let e = line(parse_env(
-            "postgres://h/db?sslrootcert=system&sslmode=require",
-            &[],
-        ));
-        assert!(e.contains("needs sslmode=verify-full"), "{e}");
-        for mode in ["verify-ca", "verify-full"] {
-            let e = line(parse_env(&format!("postgres://h/db?sslmode={mode}"), &[]));
-            assert!(
-                e.starts_with(&format!("sslmode={mode} needs the CA"))
-                    && e.contains("sslrootcert=system"),
-                "{e}"
-            );
-        }
-        let e = line(parse_env(
-            "postgres://h/db?sslmode=disable&channel_binding=require",
-            &[],
-        ));
-        assert!(e.contains("channel_binding=require needs TLS"), "{e}");
-        // As libpq: no TLS over a Unix-domain socket, whatever sslmode says.
-        let pg = parse_env(
-            "postgres:///db?host=%2Fvar%2Frun%2Fpostgresql&sslmode=verify-full",
-            &[],
-        )
-        .unwrap();
-        assert!(pg.tls.is_none());
-        assert_eq!(
-            pg.config.get_ssl_mode(),
-            tokio_postgres::config::SslMode::Disable
-        );
-        let pg = parse_env("postgres://h/db?channel_binding=require", &[]).unwrap();
-        assert_eq!(
-            pg.config.get_channel_binding(),
-            tokio_postgres::config::ChannelBinding::Require
-        );
-    }
-
-    #[test]
-    fn tls_files_are_read_once_and_refused_in_one_line() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        crate::backend::tls::testing::ca_and_server(d, "ca", "DNS:client");
-        let p = |n: &str| d.join(n).display().to_string();
-        let missing = line(parse_env(
-            "postgres://h/db?sslmode=verify-ca&sslrootcert=/nonexistent/ca.pem",
-            &[],
-        ));
-        assert_eq!(
-            missing,
-            "cannot read sslrootcert (/nonexistent/ca.pem): entity not found"
-        );
-        std::fs::write(d.join("empty.pem"), "nothing").unwrap();
-        let empty = line(parse_env(
-            &format!(
-                "postgres://h/db?sslmode=verify-ca&sslrootcert={}",
-                p("empty.pem")
-            ),
-            &[],
-        ));
-        assert!(
-            empty.starts_with("the CA file holds no PEM certificate (sslrootcert="),
-            "{empty}"
-        );
-        let key = p("ca-server.key");
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let client = format!(
-            "postgres://h/db?sslmode=require&sslcert={}&sslkey={key}",
-            p("ca-server.pem")
-        );
-        let open_key = line(parse_env(&client, &[]));
-        assert!(open_key.contains("(mode 0644): chmod 600"), "{open_key}");
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let pg = parse_env(&client, &[]).unwrap();
-        assert!(pg.tls.as_ref().unwrap().client_cert);
-        assert!(!format!("{pg:?}").contains("PRIVATE"));
-        let half = line(parse_env(
-            &format!("postgres://h/db?sslcert={}", p("ca-server.pem")),
-            &[],
-        ));
-        assert_eq!(half, "sslcert and sslkey go together: give both or neither");
-        // The environment's pair is the fallback.
-        let env = [
-            ("LOCKRUN_TLS_CERT", p("ca-server.pem")),
-            ("LOCKRUN_TLS_KEY", key.clone()),
-        ];
-        let pg = parse_env("postgres://h/db?sslmode=require", &env).unwrap();
-        assert!(pg.tls.unwrap().client_cert);
-        // Nothing is read with sslmode=disable.
-        let env = [("LOCKRUN_TLS_CA", "/nonexistent".to_owned())];
-        assert!(parse_env("postgres://h/db?sslmode=disable", &env).is_ok());
-    }
-}
+mod tests;

@@ -33,6 +33,8 @@
 //! redirect to a single master, as three votes would be no quorum at all. A
 //! redirection there is refused (125) with a line that says so.
 
+mod key_slot;
+
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -44,6 +46,7 @@ use super::scripts::{Keys, Script};
 use super::target::{Node, Seeds};
 use super::RedisBackend;
 use crate::backend::BackendError;
+pub use key_slot::key_slot;
 
 /// How many redirections (and `TRYAGAIN` pauses) one call follows before it gives up
 /// (`Unavailable`: the driver retries as for a server that does not answer).
@@ -154,35 +157,6 @@ impl Router {
 /// `host:port`
 fn show((host, port): &Node) -> String {
     format!("{host}:{port}")
-}
-
-/// The Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the part between the
-/// first `{` and the next `}`, if not empty; else the whole key), modulo 16384.
-pub fn key_slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
-        let rest = &bytes[open + 1..];
-        rest.iter()
-            .position(|&b| b == b'}')
-            .filter(|&close| close > 0)
-            .map(|close| &rest[..close])
-    });
-    crc16(tagged.unwrap_or(bytes)) % 16384
-}
-
-fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in data {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
 }
 
 /// The node of a redirection's `host:port`; an empty or `?` host (a node that does
@@ -410,13 +384,7 @@ impl RedisBackend {
             match redirect_of(&e, from.as_ref()) {
                 Some(_) if !self.router.follows() => {
                     c.keep();
-                    return Err(BackendError::Refused(format!(
-                        "Redis at {at} is a node of a Redis Cluster (it answered {}): several \
-                         --url make a Redlock quorum of independent servers; give one node \
-                         of the Cluster (redis://HOST:PORT) or its seeds \
-                         (redis+cluster://HOST:PORT,HOST:PORT) as the one --url",
-                        e.code().unwrap_or("MOVED")
-                    )));
+                    return Err(not_following(&at, &e));
                 }
                 Some(Ok(Redirect::Moved(node))) => {
                     self.router.moved(&node);
@@ -425,18 +393,8 @@ impl RedisBackend {
                 }
                 Some(Ok(Redirect::Ask(node))) => {
                     c.keep();
-                    match self.asking(&node, cmd).await? {
-                        Ok(v) => return Ok(v),
-                        Err(e) if is_tryagain(&e) => {
-                            tokio::time::sleep(pause).await;
-                            pause = (pause * 2).min(TRYAGAIN_MAX);
-                        }
-                        Err(e) if redirect_of(&e, Some(&node)).is_some() => {}
-                        Err(e) => {
-                            let at = show(&node);
-                            let ctx = Context::new(&self.target, &at, &self.key_prefix);
-                            return Err(describe_in(&e, &ctx, Some(script)));
-                        }
+                    if let Some(v) = self.follow_ask(&node, cmd, script, &mut pause).await? {
+                        return Ok(v);
                     }
                 }
                 Some(Err(())) => return c.settle(Err(describe(&e, &at))),
@@ -459,6 +417,32 @@ impl RedisBackend {
         )))
     }
 
+    /// Follows an `ASK` redirection to `node`: its answer, or `None` to try again (a
+    /// `TRYAGAIN`, after a pause that doubles up to [`TRYAGAIN_MAX`], or a further
+    /// redirection).
+    async fn follow_ask(
+        &self,
+        node: &(String, u16),
+        cmd: &redis::Cmd,
+        script: Script,
+        pause: &mut Duration,
+    ) -> Result<Option<Value>, BackendError> {
+        match self.asking(node, cmd).await? {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if is_tryagain(&e) => {
+                tokio::time::sleep(*pause).await;
+                *pause = (*pause * 2).min(TRYAGAIN_MAX);
+                Ok(None)
+            }
+            Err(e) if redirect_of(&e, Some(node)).is_some() => Ok(None),
+            Err(e) => {
+                let at = show(node);
+                let ctx = Context::new(&self.target, &at, &self.key_prefix);
+                Err(describe_in(&e, &ctx, Some(script)))
+            }
+        }
+    }
+
     /// `ASKING`, then `cmd`, on a connection of their own to `node` (the target of a
     /// slot migration).
     /// The outer error: no connection could be made.
@@ -478,99 +462,17 @@ impl RedisBackend {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn n(h: &str, p: u16) -> Node {
-        (h.to_owned(), p)
-    }
-
-    #[test]
-    fn key_slots_are_those_of_redis() {
-        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
-        assert_eq!(crc16(b"123456789"), 0x31C3);
-        assert_eq!(key_slot("foo"), 12182);
-        assert_eq!(key_slot("{user1000}.following"), key_slot("user1000"));
-        assert_eq!(key_slot("lockrun:{job}"), key_slot("job"));
-        assert_eq!(key_slot("lockrun:{job}:fence"), key_slot("job"));
-        assert_eq!(key_slot("lockrun:{job}#3"), key_slot("job"));
-        // An empty tag hashes the whole key.
-        assert_eq!(key_slot("foo{}{bar}"), crc16(b"foo{}{bar}") % 16384);
-        assert_eq!(key_slot("foo{{bar}}zap"), key_slot("{bar"));
-    }
-
-    #[test]
-    fn redirections_name_a_node() {
-        let from = n("10.0.0.1", 7000);
-        assert_eq!(
-            redirected("127.0.0.1:7003", None),
-            Some(n("127.0.0.1", 7003))
-        );
-        assert_eq!(redirected(":7003", Some(&from)), Some(n("10.0.0.1", 7003)));
-        assert_eq!(redirected("?:7003", Some(&from)), Some(n("10.0.0.1", 7003)));
-        assert_eq!(redirected("::1:7003", None), Some(n("::1", 7003)));
-        for bad in ["", "h", "h:0", "h:x", ":7003"] {
-            assert_eq!(redirected(bad, None), None, "{bad}");
-        }
-        let moved = redis::RedisError::from((
-            ErrorKind::Server(ServerErrorKind::Moved),
-            "moved",
-            "15098 127.0.0.1:17003".to_owned(),
-        ));
-        assert!(matches!(
-            redirect_of(&moved, None),
-            Some(Ok(Redirect::Moved(node))) if node == n("127.0.0.1", 17003)
-        ));
-    }
-
-    #[test]
-    fn cluster_slots_answers_give_each_range_its_master() {
-        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
-        let node = |h: &str, p: i64| Value::Array(vec![bulk(h), Value::Int(p), bulk("id")]);
-        let reply = Value::Array(vec![
-            Value::Array(vec![
-                Value::Int(0),
-                Value::Int(5460),
-                node("127.0.0.1", 7000),
-                node("127.0.0.1", 7004),
-            ]),
-            Value::Array(vec![Value::Int(5461), Value::Int(16383), node("", 7001)]),
-            Value::Array(vec![bulk("junk")]),
-        ]);
-        let ranges = slot_ranges(&reply, &n("10.0.0.9", 7009));
-        assert_eq!(
-            ranges,
-            vec![
-                Range {
-                    first: 0,
-                    last: 5460,
-                    master: n("127.0.0.1", 7000),
-                    nodes: vec![n("127.0.0.1", 7000), n("127.0.0.1", 7004)],
-                },
-                Range {
-                    first: 5461,
-                    last: 16383,
-                    master: n("10.0.0.9", 7001),
-                    nodes: vec![n("10.0.0.9", 7001)],
-                },
-            ]
-        );
-        assert!(slot_ranges(&Value::Nil, &n("h", 1)).is_empty());
-    }
-
-    #[test]
-    fn the_owner_is_tried_first_then_every_node_heard_of() {
-        let seeds = Seeds {
-            nodes: vec![n("a", 1), n("b", 2)],
-            declared: true,
-        };
-        let r = Router::new(Some(&seeds));
-        assert_eq!(r.candidates(), vec![n("a", 1), n("b", 2)]);
-        r.moved(&n("c", 3));
-        assert_eq!(r.candidates(), vec![n("c", 3), n("a", 1), n("b", 2)]);
-        r.moved(&n("b", 2));
-        assert_eq!(r.candidates(), vec![n("b", 2), n("a", 1), n("c", 3)]);
-        assert!(!Router::new(None).follows());
-    }
+/// The refusal of a Cluster node's redirection (`e`) where lockrun was not told it
+/// talks to a Cluster (`redis://`, or several `--url`).
+fn not_following(at: &str, e: &redis::RedisError) -> BackendError {
+    BackendError::Refused(format!(
+        "Redis at {at} is a node of a Redis Cluster (it answered {}): several \
+         --url make a Redlock quorum of independent servers; give one node \
+         of the Cluster (redis://HOST:PORT) or its seeds \
+         (redis+cluster://HOST:PORT,HOST:PORT) as the one --url",
+        e.code().unwrap_or("MOVED")
+    ))
 }
+
+#[cfg(test)]
+mod tests;

@@ -62,7 +62,7 @@
 //! [`TIMEOUTS_BEFORE_POLLING`] times, before any subscription worked, the waiter says
 //! so once at `-v`, leaves the queue of waiters (wake-ups go to those that can hear
 //! them) and polls for the rest of the run: it asks again at the busy lease's expiry,
-//! at least every [`crate::backend::MAX_WAIT_SLICE`] (with jitter: [`wait_slice`]). A
+//! at least every [`crate::backend::MAX_WAIT_SLICE`] (with jitter: [`crate::backend::wait_slice`]). A
 //! subscription lost later (the connection cut) is made again at the next busy answer,
 //! polling meanwhile.
 //!
@@ -78,10 +78,11 @@ mod cluster;
 mod conn;
 mod errors;
 mod probe;
-pub mod redlock;
+pub(crate) mod redlock;
 mod replies;
+mod requests;
 mod scripts;
-pub mod sentinel;
+pub(crate) mod sentinel;
 mod target;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -90,13 +91,11 @@ use std::time::Duration;
 
 use redis::FromRedisValue;
 
-use crate::backend::conn::{self as slot, InUse};
-use crate::backend::{
-    slots_conflict, wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release,
-};
-use crate::config::BackendConfig;
+use crate::backend::conn::InUse;
+use crate::backend::url::BackendConfig;
+use crate::backend::{slots_conflict, AcquireRequest, Backend, BackendError};
 use crate::log::{emit, Event, Level};
-use conn::{RedisConn, RedisSlot, Subscriber, SubscriberSlot};
+use conn::{RedisConn, RedisSlot, SubscriberSlot};
 use replies::{AcquireReply, Checked, Done, HoldersReply};
 use scripts::{Keys, Script};
 pub use scripts::{FENCE_KEEP, MAX_LEASE, WAKE_GRACE};
@@ -451,162 +450,5 @@ fn owned(Done(done): Done) -> Result<(), BackendError> {
     }
 }
 
-/// Holders as `status` shows them: when none of them shows that they were taken with
-/// another N, yet the limit key says so (`theirs`), a refusal; otherwise the holders
-/// (`status` refuses those of another N itself).
-fn shown(reply: HoldersReply, ours: u32) -> Result<Vec<Holder>, BackendError> {
-    let holders: Vec<Holder> = reply.holders.into_iter().map(|h| h.holder).collect();
-    if reply.theirs != 0 && holders.iter().all(|h| h.slots == ours) {
-        return Err(slots_conflict(reply.theirs, ours));
-    }
-    Ok(holders)
-}
-
-impl Backend for RedisBackend {
-    async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
-        match self.acquire_slot(name, req, None).await? {
-            AcquireReply::Acquired {
-                fencing_token,
-                slot,
-                ..
-            } => {
-                *self.taken.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some((req.token.clone(), slot));
-                Ok(Acquire::Acquired {
-                    fencing_token,
-                    slot,
-                })
-            }
-            AcquireReply::Busy(holder) => Ok(Acquire::Busy(holder)),
-            AcquireReply::Conflict(theirs) => Err(self.conflict(theirs)),
-            AcquireReply::Evicting { policy, maxmemory } => Err(self.evicting(&policy, maxmemory)),
-        }
-    }
-
-    async fn renew(&self, name: &str, token: &str, ttl: Duration) -> Result<(), BackendError> {
-        let taken = match &*self.taken.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some((t, slot)) if t == token => Some(*slot),
-            _ => None,
-        };
-        self.renew_slot(name, token, ttl, taken).await
-    }
-
-    async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
-        let keep = match how {
-            Release::Now => "0".to_owned(),
-            Release::KeepFor(d) => ms(d),
-        };
-        let wake_prefix = Keys::new(&self.key_prefix, name).wake_prefix;
-        let done = self
-            .eval(Script::Release, name, None, &[token, &keep, &wake_prefix])
-            .await?;
-        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
-        if taken.as_ref().is_some_and(|(t, _)| t == token) {
-            *taken = None;
-        }
-        owned(done)
-    }
-
-    async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
-        shown(self.holders(name).await?, self.slots)
-    }
-
-    async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
-        let reply = self.force_holders(name).await?;
-        if reply.theirs != 0 {
-            return Err(BackendError::Refused(format!(
-                "{}; nothing was broken",
-                self.conflict(reply.theirs)
-            )));
-        }
-        Ok(reply.holders.into_iter().map(|h| h.holder).collect())
-    }
-
-    async fn wait_for_release(
-        &self,
-        _name: &str,
-        busy: &Holder,
-        max: Duration,
-    ) -> Result<(), BackendError> {
-        // The cap also keeps this waiter's heartbeat fresh (it is renewed by each try).
-        // Without a subscription (polling, or one lost), this sleeps the slice; a lost
-        // connection ends the wait early and is subscribed again at the next try.
-        let slice = wait_slice(busy.ttl_left, max);
-        slot::wait_for_wakeup(
-            &self.subscriber,
-            Subscriber::messages,
-            slice,
-            conn::next_wakeup,
-        )
-        .await;
-        Ok(())
-    }
-
-    async fn stop_waiting(&self, name: &str) -> Result<(), BackendError> {
-        if !self.notifications {
-            return Ok(());
-        }
-        let Done(_) = self
-            .eval(Script::Leave, name, None, &[&self.waiter_id])
-            .await?;
-        Ok(())
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use replies::SlotHolder;
-
-    fn holder(slot: u32, slots: u32) -> SlotHolder {
-        SlotHolder {
-            holder: Holder {
-                slot,
-                slots,
-                ..Holder::default()
-            },
-            token: "t".into(),
-        }
-    }
-
-    #[test]
-    fn the_eviction_lines_name_the_policy_and_both_ways_out() {
-        let e = evicting("h:1", "volatile-lru", 10_485_760);
-        let BackendError::Refused(line) = &e else {
-            panic!("{e:?} is not a refusal (exit 125)")
-        };
-        for part in [
-            "Redis at h:1",
-            "volatile-lru",
-            "10485760",
-            "noeviction",
-            "--allow-eviction",
-            "LOCKRUN_ALLOW_EVICTION=1",
-            "fencing",
-        ] {
-            assert!(line.contains(part), "{part} missing: {line}");
-        }
-        assert!(!line.contains('\n') && !line.contains("  "), "{line}");
-        let v = unchecked_line("h:1", Some("locker"), " ERR can't run this command\n");
-        assert!(
-            v.contains("user \"locker\" run INFO")
-                && v.contains("ACL SETUSER locker +info ")
-                && v.contains("(ERR can't run this command)"),
-            "{v}"
-        );
-        assert!(unchecked_line("h:1", None, "x").contains("ACL SETUSER default +info"));
-        assert!(!v.contains('\n') && !v.contains("  "), "{v}");
-    }
-
-    #[test]
-    fn a_limit_key_of_another_n_is_refused_unless_a_holder_shows_it() {
-        let reply = |theirs, holders| HoldersReply { theirs, holders };
-        assert_eq!(shown(reply(0, vec![holder(1, 3)]), 3).unwrap().len(), 1);
-        // Holders of 3 in slots a --slots 2 does not see: only the limit key tells.
-        let e = shown(reply(3, vec![]), 2).unwrap_err();
-        assert_eq!(e, slots_conflict(3, 2));
-        // A holder that shows the other N is listed: `status` names it and refuses.
-        let h = shown(reply(3, vec![holder(0, 3)]), 1).unwrap();
-        assert_eq!((h[0].slot, h[0].slots), (0, 3));
-    }
-}
+mod tests;

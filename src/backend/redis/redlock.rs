@@ -58,64 +58,25 @@
 //! while the lease runs, clocks that jump, long pauses), the fencing token is what
 //! protects the downstream store: see the README.
 
+mod urls;
 mod votes;
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use futures_util::future::{join_all, select_all};
 
 use super::replies::{AcquireReply, HoldersReply};
-use super::target::{self, RedisTarget};
 use super::RedisBackend;
-use crate::backend::{
-    Acquire, AcquireRequest, AnyBackend, Backend, BackendError, Holder, Release, Target, UrlContext,
-};
-use crate::config::{BackendConfig, ConfigError};
+use crate::backend::url::{BackendConfig, Target};
+use crate::backend::{Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
+pub use urls::{parse, RedlockTarget};
 use votes::{choose_slot, conflict_in, disagree, free_maps, group, other_n, votes};
-
-/// The fewest servers a quorum may have: with fewer, one failure stops every lock.
-pub const MIN_NODES: usize = 3;
-
-/// Several `redis://` URLs, checked: at least [`MIN_NODES`] independent servers.
-#[derive(Clone, Debug)]
-pub struct RedlockTarget {
-    nodes: Vec<RedisTarget>,
-}
-
-/// Checks several URLs into a quorum: every one a plain `redis://` or `rediss://`
-/// server (not Sentinel), and at least [`MIN_NODES`] of them.
-pub fn parse(urls: &[String], ctx: &UrlContext<'_>) -> Result<Arc<dyn Target>, ConfigError> {
-    let is_redis = |u: &String| u.starts_with("redis://") || u.starts_with("rediss://");
-    if urls.len() < MIN_NODES || !urls.iter().all(is_redis) {
-        return Err(ConfigError::BadQuorum);
-    }
-    let nodes = urls
-        .iter()
-        .map(|u| target::parse(u, ctx))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Arc::new(RedlockTarget { nodes }))
-}
-
-impl Target for RedlockTarget {
-    fn display(&self) -> String {
-        let shown: Vec<String> = self.nodes.iter().map(|n| n.display()).collect();
-        shown.join(",")
-    }
-
-    fn open(&self, config: &BackendConfig, waiting: bool) -> AnyBackend {
-        AnyBackend::new(RedlockBackend::new(self, config, waiting))
-    }
-
-    fn semaphores(&self) -> bool {
-        true
-    }
-}
 
 /// A lock backend over a quorum of independent Redis servers.
 pub struct RedlockBackend {
-    /// At least [`MIN_NODES`] (a [`RedlockTarget`] cannot have fewer).
+    /// At least [`urls::MIN_NODES`] (a [`RedlockTarget`] cannot have fewer).
     nodes: Vec<RedisBackend>,
     /// The N of `--slots` (1: a plain lock).
     slots: u32,
@@ -515,46 +476,4 @@ impl Backend for RedlockBackend {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::table::testing::{args, ctx};
-
-    #[test]
-    fn a_quorum_needs_three_plain_redis_servers() {
-        let a = args(&[]);
-        let urls = |u: &[&str]| u.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let t = parse(
-            &urls(&["redis://a:1", "redis://b:2", "rediss://c:3"]),
-            &ctx(&a, None),
-        )
-        .unwrap();
-        assert_eq!(t.display(), "a:1,b:2,c:3");
-        for bad in [
-            urls(&["redis://a:1", "redis://b:2"]),
-            urls(&["redis://a:1", "redis://b:2", "etcd://c:3"]),
-            urls(&["redis://a:1", "redis://b:2", "redis+sentinel://c:3/m"]),
-        ] {
-            assert_eq!(
-                parse(&bad, &ctx(&a, None)).unwrap_err(),
-                ConfigError::BadQuorum,
-                "{bad:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn per_server_timeouts_stay_far_below_the_ttl() {
-        assert_eq!(
-            node_timeout(Duration::from_secs(30)),
-            Duration::from_secs(1)
-        );
-        assert_eq!(
-            node_timeout(Duration::from_secs(2)),
-            Duration::from_millis(200)
-        );
-        assert_eq!(
-            node_timeout(Duration::from_millis(100)),
-            Duration::from_millis(50)
-        );
-    }
-}
+mod tests;

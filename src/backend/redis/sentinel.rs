@@ -32,10 +32,11 @@ use super::conn::client;
 use super::errors::{describe, describe_in, Context};
 use super::probe;
 use super::target::{self, RedisTarget};
-use crate::backend::table::{host_list, split_userinfo};
 use crate::backend::tls::TlsFiles;
-use crate::backend::{BackendError, Kind, UrlContext};
-use crate::config::ConfigError;
+use crate::backend::url::UrlError;
+use crate::backend::url::{host_list, split_userinfo};
+use crate::backend::url::{Kind, UrlContext};
+use crate::backend::BackendError;
 
 /// The table line of Redis behind Sentinel.
 pub const KIND: Kind = Kind {
@@ -99,8 +100,8 @@ impl std::fmt::Debug for Credentials {
 
 /// Checks a `redis+sentinel://` or `rediss+sentinel://` URL into the master's connection
 /// settings (on a placeholder address) and the Sentinels to ask for the real one.
-pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, ConfigError> {
-    let bad = || ConfigError::BadUrl {
+pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, UrlError> {
+    let bad = || UrlError::BadUrl {
         expected: KIND.usage,
     };
     let (tls, rest) = match url.split_once("://") {
@@ -127,7 +128,7 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, ConfigError
         db.unwrap_or("0")
     );
     let mut node = target::parse(&template, ctx).map_err(|e| match e {
-        ConfigError::BadUrl { .. } => bad(),
+        UrlError::BadUrl { .. } => bad(),
         other => other,
     })?;
     let (auth, own_auth) = sentinel_auth(&node, ctx)?;
@@ -145,11 +146,11 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, ConfigError
 fn sentinel_auth(
     node: &RedisTarget,
     ctx: &UrlContext<'_>,
-) -> Result<(Option<Credentials>, bool), ConfigError> {
+) -> Result<(Option<Credentials>, bool), UrlError> {
     let var = |name: &str| (ctx.env)(name).filter(|v| !v.is_empty());
     match (var(PASSWORD_VAR), var(USER_VAR)) {
         (Some(password), user) => Ok((Some(Credentials { user, password }), true)),
-        (None, Some(_)) => Err(ConfigError::Backend(format!(
+        (None, Some(_)) => Err(UrlError::Backend(format!(
             "{USER_VAR} is set without {PASSWORD_VAR}: set both for a Sentinel ACL user, \
              or neither to ask the Sentinels with the master's user and password"
         ))),
@@ -244,34 +245,9 @@ impl Sentinels {
         let settings = info.redis_settings().clone().set_skip_set_lib_name();
         let client = client(info.set_redis_settings(settings), tls)
             .map_err(|e| describe_in(&e, &ctx, None))?;
-        let mut pipe = redis::pipe();
-        if let Some(auth) = &self.auth {
-            let cmd = pipe.cmd("AUTH");
-            if let Some(user) = &auth.user {
-                cmd.arg(user);
-            }
-            cmd.arg(&auth.password);
-        }
-        pipe.cmd("SENTINEL")
-            .arg("get-master-addr-by-name")
-            .arg(&self.master)
-            .ignore_errors();
-        let connecting = client.get_multiplexed_async_connection();
-        let mut connecting = std::pin::pin!(connecting);
-        let made = match tls {
-            Some(_) => tokio::select! {
-                made = &mut connecting => made,
-                () = tokio::time::sleep(probe::SUSPECT_AFTER) => {
-                    if probe::speaks_plain_redis(&port).await {
-                        return Err(wrong_scheme(addr, true));
-                    }
-                    connecting.await
-                }
-            },
-            None => connecting.await,
-        };
+        let made = connect(&client, addr, tls.is_some(), &port).await?;
         let replies: RedisResult<Vec<RedisResult<Value>>> = match made {
-            Ok(mut conn) => pipe.query_async(&mut conn).await,
+            Ok(mut conn) => self.question().query_async(&mut conn).await,
             Err(e) => Err(e),
         };
         let replies = match replies {
@@ -287,19 +263,10 @@ impl Sentinels {
             // TLS 1.3: the server checks our certificate after the handshake has ended
             // on our side, and its alert is lost when our write fails first.
             Err(e) if e.is_connection_dropped() && !e.is_connection_refusal() => {
-                if let Some(tls) = tls {
-                    return Err(BackendError::Unavailable(format!(
-                        "Sentinel {addr} closed the TLS connection before answering: {}",
-                        if tls.client.is_none() {
-                            "if it demands a client certificate (tls-auth-clients), set \
-                             LOCKRUN_TLS_CERT and LOCKRUN_TLS_KEY"
-                        } else {
-                            "if it does not trust the client certificate of LOCKRUN_TLS_CERT, \
-                             use one signed by a CA it trusts (its tls-ca-cert-file)"
-                        }
-                    )));
-                }
-                return Err(describe_in(&e, &ctx, None));
+                return Err(match tls {
+                    Some(tls) => closed_before_answering(addr, tls),
+                    None => describe_in(&e, &ctx, None),
+                });
             }
             Err(e) => return Err(describe_in(&e, &ctx, None)),
         };
@@ -355,6 +322,17 @@ impl Sentinels {
         if !is_auth(e) {
             return Err(describe(e, &format!("Sentinel {addr}")));
         }
+        Err(self.auth_refused(addr, auth, e))
+    }
+
+    /// The refusal of authentication by Sentinel `addr` (`e`, or AUTH's own error in
+    /// `auth`), with what to set.
+    fn auth_refused(
+        &self,
+        addr: &str,
+        auth: Option<&RedisResult<Value>>,
+        e: &redis::RedisError,
+    ) -> BackendError {
         // Why it was refused: AUTH's own error if it had one, else the question's.
         let why = match auth {
             Some(Err(a)) => a,
@@ -376,11 +354,68 @@ impl Sentinels {
                  {USER_VAR} for an ACL user) if the Sentinels' differ"
             ),
         };
-        Err(BackendError::Refused(format!(
+        BackendError::Refused(format!(
             "Sentinel {addr} refused authentication ({}): {fix}",
             why.trim()
-        )))
+        ))
     }
+
+    /// `AUTH` (if we have credentials) and the question, in one pipeline.
+    fn question(&self) -> redis::Pipeline {
+        let mut pipe = redis::pipe();
+        if let Some(auth) = &self.auth {
+            let cmd = pipe.cmd("AUTH");
+            if let Some(user) = &auth.user {
+                cmd.arg(user);
+            }
+            cmd.arg(&auth.password);
+        }
+        pipe.cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&self.master)
+            .ignore_errors();
+        pipe
+    }
+}
+
+/// Connects `client` to Sentinel `addr`. Over TLS (`tls`), a handshake that takes long
+/// has the port (`port`) looked at: one that answers in plain text is refused.
+async fn connect(
+    client: &redis::Client,
+    addr: &str,
+    tls: bool,
+    port: &redis::ConnectionAddr,
+) -> Result<RedisResult<redis::aio::MultiplexedConnection>, BackendError> {
+    let connecting = client.get_multiplexed_async_connection();
+    let mut connecting = std::pin::pin!(connecting);
+    if !tls {
+        return Ok(connecting.await);
+    }
+    Ok(tokio::select! {
+        made = &mut connecting => made,
+        () = tokio::time::sleep(probe::SUSPECT_AFTER) => {
+            if probe::speaks_plain_redis(port).await {
+                return Err(wrong_scheme(addr, true));
+            }
+            connecting.await
+        }
+    })
+}
+
+/// TLS 1.3: the server checks our certificate after the handshake has ended on our
+/// side, and its alert is lost when our write fails first. What to set, by whether a
+/// client certificate was given.
+fn closed_before_answering(addr: &str, tls: &TlsFiles) -> BackendError {
+    BackendError::Unavailable(format!(
+        "Sentinel {addr} closed the TLS connection before answering: {}",
+        if tls.client.is_none() {
+            "if it demands a client certificate (tls-auth-clients), set \
+             LOCKRUN_TLS_CERT and LOCKRUN_TLS_KEY"
+        } else {
+            "if it does not trust the client certificate of LOCKRUN_TLS_CERT, \
+             use one signed by a CA it trusts (its tls-ca-cert-file)"
+        }
+    ))
 }
 
 /// The line for a Sentinel port that speaks the other scheme: plain text although TLS
@@ -409,232 +444,4 @@ fn host_port(host: &str, port: u16) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::table::testing::{args, ctx};
-    use crate::backend::Target;
-    use crate::cli::BackendArgs;
-
-    /// A context with `password` and the environment `env` (name, value pairs).
-    fn ctx_env<'a>(
-        a: &'a BackendArgs,
-        password: Option<&str>,
-        env: &'a dyn Fn(&str) -> Option<String>,
-    ) -> UrlContext<'a> {
-        UrlContext {
-            password: password.map(str::to_owned),
-            args: a,
-            env,
-        }
-    }
-
-    fn sentinels(t: &RedisTarget) -> &Sentinels {
-        t.sentinel.as_ref().unwrap()
-    }
-
-    #[test]
-    fn sentinel_urls_name_the_sentinels_and_the_master() {
-        let a = args(&[]);
-        let node = parse(
-            "redis+sentinel://:pw@s1:26379,s2:26380/mymaster/2",
-            &ctx(&a, None),
-        )
-        .unwrap();
-        let s = sentinels(&node);
-        assert_eq!(s.addrs, vec!["s1:26379", "s2:26380"]);
-        assert_eq!(s.master, "mymaster");
-        assert_eq!(node.info.redis_settings().password(), Some("pw"));
-        assert_eq!(node.info.redis_settings().db(), 2);
-        assert!(node.tls.is_none());
-        assert_eq!(node.display(), "sentinel s1:26379,s2:26380/mymaster");
-        for bad in [
-            "redis+sentinel://s1:26379",
-            "redis+sentinel://s1/m",
-            "redis+sentinel://s1:1/",
-            "redis+sentinel://s1:1/m/x",
-            "rediss+sentinel://:pw@s1:1/m/x",
-            "redis+sentinels://s1:1/m",
-        ] {
-            let e = parse(bad, &ctx(&a, None)).unwrap_err();
-            assert_eq!(
-                e,
-                ConfigError::BadUrl {
-                    expected: KIND.usage
-                },
-                "{bad}"
-            );
-            assert!(!e.to_string().contains("pw"), "{e}");
-        }
-        assert_eq!(
-            parse("redis+sentinel://s1:1,s2:0/m", &ctx(&a, None)).unwrap_err(),
-            ConfigError::PortZero
-        );
-    }
-
-    #[test]
-    fn rediss_sentinel_is_tls_to_the_sentinels_and_the_master() {
-        let a = args(&[]);
-        let node = parse("rediss+sentinel://s1:26379/m", &ctx(&a, None)).unwrap();
-        assert!(node.tls.is_some());
-        assert!(matches!(
-            node.info.addr(),
-            redis::ConnectionAddr::TcpTls {
-                insecure: false,
-                ..
-            }
-        ));
-        // The TLS files are read when the URL is checked: a missing one is a 125 then.
-        let env = |v: &str| (v == "LOCKRUN_TLS_CA").then(|| "/nonexistent/ca.pem".to_owned());
-        assert!(matches!(
-            parse("rediss+sentinel://s1:26379/m", &ctx_env(&a, None, &env)),
-            Err(ConfigError::TlsFile {
-                var: "LOCKRUN_TLS_CA",
-                ..
-            })
-        ));
-    }
-
-    #[test]
-    fn the_sentinels_get_the_masters_credentials_unless_they_have_their_own() {
-        let a = args(&[]);
-        let url = "redis+sentinel://app:urlpw@s1:1/m";
-        let cred = |user: Option<&str>, password: &str| Credentials {
-            user: user.map(str::to_owned),
-            password: password.to_owned(),
-        };
-        // The URL's.
-        let t = parse(url, &ctx(&a, None)).unwrap();
-        assert_eq!(sentinels(&t).auth, Some(cred(Some("app"), "urlpw")));
-        assert!(!sentinels(&t).own_auth);
-        // LOCKRUN_PASSWORD (or --password-file) wins over the URL's, for both.
-        let t = parse(url, &ctx(&a, Some("envpw"))).unwrap();
-        assert_eq!(sentinels(&t).auth, Some(cred(Some("app"), "envpw")));
-        assert_eq!(t.info.redis_settings().password(), Some("envpw"));
-        // None at all.
-        let t = parse("redis+sentinel://s1:1/m", &ctx(&a, None)).unwrap();
-        assert_eq!(sentinels(&t).auth, None);
-        // The Sentinels' own password: the default user unless LOCKRUN_SENTINEL_USER.
-        let own = |v: &str| (v == PASSWORD_VAR).then(|| "sentinelpw".to_owned());
-        let t = parse(url, &ctx_env(&a, None, &own)).unwrap();
-        assert_eq!(sentinels(&t).auth, Some(cred(None, "sentinelpw")));
-        assert!(sentinels(&t).own_auth);
-        assert_eq!(t.info.redis_settings().password(), Some("urlpw"));
-        assert_eq!(t.info.redis_settings().username(), Some("app"));
-        let both = |v: &str| match v {
-            PASSWORD_VAR => Some("sentinelpw".to_owned()),
-            USER_VAR => Some("watcher".to_owned()),
-            _ => None,
-        };
-        let t = parse(url, &ctx_env(&a, None, &both)).unwrap();
-        assert_eq!(
-            sentinels(&t).auth,
-            Some(cred(Some("watcher"), "sentinelpw"))
-        );
-        // An empty variable is no variable.
-        let empty = |v: &str| (v == PASSWORD_VAR).then(String::new);
-        let t = parse(url, &ctx_env(&a, None, &empty)).unwrap();
-        assert!(!sentinels(&t).own_auth);
-        // A user without a password is a mistake, said before anything is connected.
-        let user_only = |v: &str| (v == USER_VAR).then(|| "watcher".to_owned());
-        let e = parse(url, &ctx_env(&a, None, &user_only)).unwrap_err();
-        assert!(e.to_string().contains(PASSWORD_VAR), "{e}");
-    }
-
-    #[test]
-    fn no_password_is_ever_shown() {
-        let a = args(&[]);
-        let both = |v: &str| match v {
-            PASSWORD_VAR => Some("SENTINEL-SECRET".to_owned()),
-            USER_VAR => Some("watcher".to_owned()),
-            _ => None,
-        };
-        let t = parse(
-            "rediss+sentinel://app:MASTER-SECRET@s1:1,s2:2/m",
-            &ctx_env(&a, None, &both),
-        )
-        .unwrap();
-        let shown = format!("{t:?} {}", t.display());
-        assert!(!shown.contains("SECRET"), "{shown}");
-        assert!(shown.contains("watcher"), "{shown}");
-    }
-
-    /// A server error as a pipeline gives it (parsed from the wire).
-    fn reply_error(line: &str) -> RedisResult<Value> {
-        match redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap() {
-            Value::ServerError(e) => Err(e.into()),
-            other => panic!("not an error: {other:?}"),
-        }
-    }
-
-    #[test]
-    fn answers_are_judged_and_refusals_named_as_the_sentinels() {
-        let a = args(&[]);
-        let t = parse("redis+sentinel://:pw@s1:1/m", &ctx(&a, None)).unwrap();
-        let s = sentinels(&t);
-        let addr = Value::Array(vec![
-            Value::BulkString(b"10.0.0.5".to_vec()),
-            Value::BulkString(b"6380".to_vec()),
-        ]);
-        let ok = Ok(Value::Okay);
-        assert_eq!(
-            s.judge("s1:1", Some(&ok), &Ok(addr.clone())),
-            Ok(Answer::Master("10.0.0.5".into(), 6380))
-        );
-        assert_eq!(
-            s.judge("s1:1", Some(&ok), &Ok(Value::Nil)),
-            Ok(Answer::Unknown)
-        );
-        // A Sentinel without a password refuses AUTH, and answers anyway.
-        let no_password = reply_error(
-            "ERR AUTH <password> called without any password configured for the default user",
-        );
-        assert_eq!(
-            s.judge("s1:1", Some(&no_password), &Ok(addr)),
-            Ok(Answer::Master("10.0.0.5".into(), 6380))
-        );
-        // A wrong password: AUTH's error is the reason, the Sentinel is named.
-        let wrong = reply_error("WRONGPASS invalid username-password pair or user is disabled.");
-        let noauth = reply_error("NOAUTH Authentication required.");
-        let e = s.judge("s1:1", Some(&wrong), &noauth).unwrap_err();
-        let BackendError::Refused(line) = &e else {
-            panic!("{e:?}")
-        };
-        assert!(
-            line.starts_with("Sentinel s1:1 refused authentication (WRONGPASS invalid"),
-            "{line}"
-        );
-        assert!(
-            line.contains(PASSWORD_VAR) && !line.contains("pw@"),
-            "{line}"
-        );
-        // No password given to a Sentinel that wants one.
-        let t = parse("redis+sentinel://s1:1/m", &ctx(&a, None)).unwrap();
-        let e = sentinels(&t).judge("s1:1", None, &noauth).unwrap_err();
-        assert!(
-            matches!(&e, BackendError::Refused(l) if l.contains("NOAUTH") && l.contains("needs a password")),
-            "{e:?}"
-        );
-        // Something that is not a Sentinel.
-        let e = s.judge("s1:1", Some(&ok), &Ok(Value::Int(3))).unwrap_err();
-        assert!(matches!(&e, BackendError::Refused(l) if l.contains("is it a Sentinel")));
-        let denied = reply_error(
-            "NOPERM User default has no permissions to run the 'sentinel|get-master-addr-by-name' command",
-        );
-        let e = s.judge("s1:1", Some(&ok), &denied).unwrap_err();
-        assert!(
-            matches!(&e, BackendError::Refused(l) if l.contains("+sentinel|get-master-addr-by-name")),
-            "{e:?}"
-        );
-        let other = reply_error("ERR unknown command 'SENTINEL'");
-        assert!(matches!(
-            s.judge("s1:1", Some(&ok), &other),
-            Err(BackendError::Refused(_))
-        ));
-    }
-
-    #[test]
-    fn ipv6_masters_are_bracketed_in_messages() {
-        assert_eq!(host_port("::1", 6379), "[::1]:6379");
-        assert_eq!(host_port("10.0.0.5", 6379), "10.0.0.5:6379");
-    }
-}
+mod tests;

@@ -11,10 +11,11 @@ use redis::IntoConnectionInfo;
 
 use super::sentinel::Sentinels;
 use super::RedisBackend;
-use crate::backend::table::{host_list, split_userinfo};
 use crate::backend::tls::TlsFiles;
-use crate::backend::{AnyBackend, Kind, Target, UrlContext};
-use crate::config::{BackendConfig, ConfigError};
+use crate::backend::url::{host_list, split_userinfo};
+use crate::backend::url::{BackendConfig, UrlError};
+use crate::backend::url::{Kind, Target, UrlContext};
+use crate::backend::AnyBackend;
 
 /// The table line of one Redis server.
 pub const KIND: Kind = Kind {
@@ -86,7 +87,7 @@ impl Target for RedisTarget {
 /// Checks a URL of [`KIND`] into a target that follows a Cluster's redirections:
 /// `redis://` and `rediss://` (their node is the one seed), `redis+cluster://` and
 /// `rediss+cluster://` (the database is 0: a Cluster has no other).
-pub fn parse_following(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, ConfigError> {
+pub fn parse_following(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, UrlError> {
     let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
     let Some(plain) = scheme.strip_suffix("+cluster") else {
         let mut target = parse(url, ctx)?;
@@ -101,10 +102,10 @@ pub fn parse_following(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, C
     let seeds = host_list(hosts, KIND.usage)?;
     let mut nodes = Vec::with_capacity(seeds.len());
     for seed in &seeds {
-        let (host, port) = seed.rsplit_once(':').ok_or(ConfigError::BadUrl {
+        let (host, port) = seed.rsplit_once(':').ok_or(UrlError::BadUrl {
             expected: KIND.usage,
         })?;
-        let port = port.parse().map_err(|_| ConfigError::BadUrl {
+        let port = port.parse().map_err(|_| UrlError::BadUrl {
             expected: KIND.usage,
         })?;
         nodes.push((host.to_owned(), port));
@@ -158,8 +159,8 @@ fn node_of(addr: &redis::ConnectionAddr) -> Option<Node> {
 /// Checks a `redis://` or `rediss://` URL; the context's password wins over the URL's,
 /// and `--allow-eviction` is taken from the context's options. The target follows no
 /// redirection ([`parse_following`] makes one that does).
-pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, ConfigError> {
-    let bad = || ConfigError::BadUrl {
+pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, UrlError> {
+    let bad = || UrlError::BadUrl {
         expected: KIND.usage,
     };
     let mut info = url.into_connection_info().map_err(|_| bad())?;
@@ -168,7 +169,7 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, ConfigError
     if matches!(info.addr(), redis::ConnectionAddr::Tcp(_, 0))
         || matches!(info.addr(), redis::ConnectionAddr::TcpTls { port: 0, .. })
     {
-        return Err(ConfigError::PortZero);
+        return Err(UrlError::PortZero);
     }
     if let Some(password) = &ctx.password {
         let settings = info.redis_settings().clone().set_password(password.clone());
@@ -184,18 +185,18 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<RedisTarget, ConfigError
         tls,
         sentinel: None,
         cluster: None,
-        allow_eviction: ctx.args.allow_eviction,
+        allow_eviction: ctx.options.allow_eviction,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::table::testing::{args, ctx};
+    use crate::backend::url::testing::{ctx, options};
 
     #[test]
     fn the_password_comes_from_the_context_and_is_never_shown() {
-        let a = args(&[]);
+        let a = options();
         let t = parse("redis://:urlpw@127.0.0.1:1/2", &ctx(&a, None)).unwrap();
         assert_eq!(t.info.redis_settings().password(), Some("urlpw"));
         assert_eq!(t.info.redis_settings().db(), 2);
@@ -207,12 +208,12 @@ mod tests {
 
     #[test]
     fn a_bad_url_never_echoes_the_url() {
-        let a = args(&[]);
+        let a = options();
         let e = parse("redis://:s3cret@host:notaport", &ctx(&a, None)).unwrap_err();
         assert!(!e.to_string().contains("s3cret"), "{e}");
         assert_eq!(
             e,
-            ConfigError::BadUrl {
+            UrlError::BadUrl {
                 expected: KIND.usage
             }
         );
@@ -220,7 +221,7 @@ mod tests {
 
     #[test]
     fn cluster_urls_name_their_seeds_and_follow_redirections() {
-        let a = args(&[]);
+        let a = options();
         let t = parse_following("redis+cluster://:pw@h1:7000,h2:7001/", &ctx(&a, None)).unwrap();
         let seeds = t.cluster.as_ref().unwrap();
         assert_eq!(
@@ -254,7 +255,7 @@ mod tests {
             let e = parse_following(bad, &ctx(&a, None)).unwrap_err();
             assert_eq!(
                 e,
-                ConfigError::BadUrl {
+                UrlError::BadUrl {
                     expected: KIND.usage
                 },
                 "{bad}"
@@ -263,17 +264,13 @@ mod tests {
         }
         assert_eq!(
             parse_following("redis+cluster://h1:1,h2:0", &ctx(&a, None)).unwrap_err(),
-            ConfigError::PortZero
+            UrlError::PortZero
         );
-        // Several seeds in one URL are one Cluster, never a Redlock quorum.
-        let given = ["redis+cluster://h1:1,h2:2,h3:3".to_owned()];
-        let t = crate::backend::parse_urls(&given, &ctx(&a, None)).unwrap();
-        assert_eq!(t.display(), "cluster h1:1,h2:2,h3:3");
     }
 
     #[test]
     fn allow_eviction_is_carried_to_every_redis_target() {
-        let mut a = args(&[]);
+        let mut a = options();
         assert!(!parse("redis://h:1", &ctx(&a, None)).unwrap().allow_eviction);
         a.allow_eviction = true;
         assert!(parse("redis://h:1", &ctx(&a, None)).unwrap().allow_eviction);
@@ -283,10 +280,10 @@ mod tests {
 
     #[test]
     fn port_0_is_refused() {
-        let a = args(&[]);
+        let a = options();
         for url in ["redis://h:0", "rediss://:pw@h:0/1", "redis://127.0.0.1:00"] {
             let e = parse(url, &ctx(&a, None)).unwrap_err();
-            assert_eq!(e, ConfigError::PortZero, "{url}");
+            assert_eq!(e, UrlError::PortZero, "{url}");
             assert!(!e.to_string().contains("pw"), "{e}");
         }
         assert!(parse("redis://h:1", &ctx(&a, None)).is_ok());

@@ -11,6 +11,16 @@ use super::layout::{self, hold_name, slot_name};
 use super::{session_over, Claim, OurNode, ZkBackend};
 use crate::backend::BackendError;
 
+/// What a release that keeps the lock (`--hold-at-least`) leaves in the hold node: the
+/// claim's time and zxid by the server, its slot (none for a plain lock), and whether
+/// the claim found a hold node left over (to be overwritten).
+struct Kept {
+    since_ms: i64,
+    zxid: i64,
+    slot: Option<u32>,
+    left_over: bool,
+}
+
 impl ZkBackend {
     /// Deletes our `node`: its path if known, else every queue node carrying its token
     /// (a creation whose answer was lost); with the slot node of its claim. NotOwner if
@@ -135,23 +145,15 @@ impl ZkBackend {
         keep: Duration,
     ) -> Result<(), BackendError> {
         let path = node.path.clone().unwrap_or_default();
-        let (since_ms, zxid, slot, left_over) = match node.claim {
-            Claim::Held {
-                slot,
-                zxid,
-                since_ms,
-                hold_version,
-            } => (since_ms, zxid, Some(slot), hold_version.is_some()),
+        let Some(Kept {
+            since_ms,
+            zxid,
+            slot,
+            left_over,
+        }) = self.kept(client, node, &path).await?
+        else {
             // A semaphore's node that holds no slot holds nothing to keep.
-            _ if self.slots > 1 => return self.delete_ours(client, node).await,
-            // When the lock was taken: the node's stamp (see `taken`), by the server's
-            // clock.
-            _ => match client.check_stat(&path).await {
-                Ok(Some(stat)) => (stat.mtime, node.czxid, None, false),
-                Ok(None) => return Err(BackendError::NotOwner),
-                Err(e) if session_over(&e) => return Err(BackendError::NotOwner),
-                Err(e) => return Err(self.error(&e, &path)),
-            },
+            return self.delete_ours(client, node).await;
         };
         let hold_path = format!("{}/{}", node.dir, hold_name(slot.unwrap_or(0)));
         let slot_path = slot.map(|s| format!("{}/{}", node.dir, slot_name(s)));
@@ -176,21 +178,9 @@ impl ZkBackend {
             built.map_err(|e| self.error(&e, &hold_path))?;
             match multi.commit().await {
                 Ok(_) => return Ok(()),
-                Err(MultiWriteError::OperationFailed { index, source }) if index < hold_at => {
-                    return match source {
-                        ZkError::NoNode => Err(BackendError::NotOwner),
-                        e => Err(self.error(&e, &path)),
-                    }
-                }
-                Err(MultiWriteError::OperationFailed {
-                    source: ZkError::NodeExists | ZkError::NoNode,
-                    ..
-                }) => {}
-                Err(MultiWriteError::OperationFailed { source, .. })
-                | Err(MultiWriteError::RequestFailed { source }) => {
-                    return match source {
-                        e if session_over(&e) => Err(BackendError::NotOwner),
-                        e => Err(self.error(&e, &hold_path)),
+                Err(e) => {
+                    if let Some(e) = self.leave_failed(e, hold_at, &path, &hold_path) {
+                        return Err(e);
                     }
                 }
             }
@@ -199,6 +189,72 @@ impl ZkBackend {
             "could not leave the hold node {hold_path} at ZooKeeper {}; try again",
             self.at()
         )))
+    }
+
+    /// The answer to a failed multi-request of [`Self::keep_for`] that deletes our
+    /// node (`path`) and leaves `hold_path` (operation `hold_at`): not ours when the
+    /// deletes fail, `None` (try the other way) when only the hold node was in the way.
+    fn leave_failed(
+        &self,
+        e: MultiWriteError,
+        hold_at: usize,
+        path: &str,
+        hold_path: &str,
+    ) -> Option<BackendError> {
+        match e {
+            MultiWriteError::OperationFailed { index, source } if index < hold_at => {
+                Some(match source {
+                    ZkError::NoNode => BackendError::NotOwner,
+                    e => self.error(&e, path),
+                })
+            }
+            MultiWriteError::OperationFailed {
+                source: ZkError::NodeExists | ZkError::NoNode,
+                ..
+            } => None,
+            MultiWriteError::OperationFailed { source, .. }
+            | MultiWriteError::RequestFailed { source } => Some(match source {
+                e if session_over(&e) => BackendError::NotOwner,
+                e => self.error(&e, hold_path),
+            }),
+        }
+    }
+
+    /// What [`Self::keep_for`] keeps of our claim `node` (at `path`); `None` for a
+    /// semaphore's node that holds no slot.
+    async fn kept(
+        &self,
+        client: &Client,
+        node: &OurNode,
+        path: &str,
+    ) -> Result<Option<Kept>, BackendError> {
+        Ok(Some(match node.claim {
+            Claim::Held {
+                slot,
+                zxid,
+                since_ms,
+                hold_version,
+            } => Kept {
+                since_ms,
+                zxid,
+                slot: Some(slot),
+                left_over: hold_version.is_some(),
+            },
+            _ if self.slots > 1 => return Ok(None),
+            // When the lock was taken: the node's stamp (see `taken`), by the server's
+            // clock.
+            _ => match client.check_stat(path).await {
+                Ok(Some(stat)) => Kept {
+                    since_ms: stat.mtime,
+                    zxid: node.czxid,
+                    slot: None,
+                    left_over: false,
+                },
+                Ok(None) => return Err(BackendError::NotOwner),
+                Err(e) if session_over(&e) => return Err(BackendError::NotOwner),
+                Err(e) => return Err(self.error(&e, path)),
+            },
+        }))
     }
 }
 

@@ -116,10 +116,10 @@ use std::time::Duration;
 use futures_util::future::{join_all, select_all};
 use zookeeper_client::{Acls, Client};
 
+use crate::backend::url::BackendConfig;
 use crate::backend::{
     Acquire, AcquireRequest, Backend, BackendError, Holder, Release, MIN_WAIT_SLICE,
 };
-use crate::config::BackendConfig;
 use errors::{describe, session_over};
 pub use target::{ZkTarget, KIND};
 
@@ -246,7 +246,7 @@ impl ZkBackend {
 
     /// The ensemble as shown in messages.
     fn at(&self) -> String {
-        crate::backend::Target::display(&self.target)
+        crate::backend::url::Target::display(&self.target)
     }
 
     fn dir(&self, name: &str) -> String {
@@ -303,9 +303,9 @@ impl Backend for ZkBackend {
                 "ZooKeeper at {} grants sessions of at most {} (its maxSessionTimeout), less \
                  than --ttl {}: use --ttl {} or less, or raise maxSessionTimeout",
                 self.at(),
-                crate::run::ms(granted),
-                crate::run::ms(req.ttl),
-                crate::run::ms(granted)
+                crate::units::ms(granted),
+                crate::units::ms(req.ttl),
+                crate::units::ms(granted)
             )));
         }
         let dir = self.dir(name);

@@ -202,12 +202,8 @@ impl ZkBackend {
                 }
                 Step::Take(_) if self.slots == 1 => {
                     // Over holds: ours to delete now (only the first in line does).
-                    for hold in holds.iter().flatten().filter(|h| !h.on) {
-                        match client.delete(&hold.path, Some(hold.version)).await {
-                            Ok(()) | Err(ZkError::NoNode) | Err(ZkError::BadVersion) => {}
-                            Err(e) => return Err(self.error(&e, &hold.path)),
-                        }
-                    }
+                    let over = holds.iter().flatten().filter(|h| !h.on);
+                    self.delete_holds(client, over).await?;
                     return self.taken(client).await;
                 }
                 Step::Take(slot) => {
@@ -229,6 +225,21 @@ impl ZkBackend {
              trying again",
             self.at()
         )))
+    }
+
+    /// Deletes each of `holds`, unless it is gone or changed meanwhile.
+    async fn delete_holds<'h>(
+        &self,
+        client: &Client,
+        holds: impl Iterator<Item = &'h Hold>,
+    ) -> Result<(), BackendError> {
+        for hold in holds {
+            match client.delete(&hold.path, Some(hold.version)).await {
+                Ok(()) | Err(ZkError::NoNode) | Err(ZkError::BadVersion) => {}
+                Err(e) => return Err(self.error(&e, &hold.path)),
+            }
+        }
+        Ok(())
     }
 
     /// Our node was deleted under us (`release --force`, or the session ended): forget

@@ -12,7 +12,9 @@
 //!
 //! Part of [`super`].
 
-use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult};
+use zookeeper_client::{
+    Client, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult, Stat,
+};
 
 use super::layout::{self, slot_name};
 use super::place::Listing;
@@ -72,13 +74,7 @@ impl ZkBackend {
         };
         match multi.commit().await {
             Ok(results) => {
-                let Some(MultiWriteResult::SetData { stat }) = results.last() else {
-                    return Err(BackendError::Unavailable(format!(
-                        "ZooKeeper at {} answered lockrun's claim of {slot_path} without the \
-                         claim's zxid (the fencing token); try again",
-                        self.at()
-                    )));
-                };
+                let stat = self.claim_stat(&results, &slot_path)?;
                 let held = Claim::Held {
                     slot,
                     zxid: stat.mzxid,
@@ -95,14 +91,42 @@ impl ZkBackend {
             Err(MultiWriteError::OperationFailed { index, source }) => {
                 // Nothing of it applied.
                 self.set_claim(&node.token, Claim::Unclaimed, None);
-                match (index.checked_sub(first), source) {
-                    (None, _) => Ok(Claimed::HoldChanged),
-                    (Some(0), ZkError::NodeExists) => Ok(Claimed::Lost),
-                    (Some(_), ZkError::NoNode) => Ok(Claimed::Gone),
-                    (Some(_), e) => Err(self.error(&e, &slot_path)),
-                }
+                self.not_claimed(index.checked_sub(first), source, &slot_path)
             }
             Err(MultiWriteError::RequestFailed { source }) => Err(self.error(&source, &slot_path)),
+        }
+    }
+
+    /// The claim's stat (its zxid is the fencing token): the answer to its last
+    /// operation, which sets our queue node's value.
+    fn claim_stat<'r>(
+        &self,
+        results: &'r [MultiWriteResult],
+        slot_path: &str,
+    ) -> Result<&'r Stat, BackendError> {
+        match results.last() {
+            Some(MultiWriteResult::SetData { stat }) => Ok(stat),
+            _ => Err(BackendError::Unavailable(format!(
+                "ZooKeeper at {} answered lockrun's claim of {slot_path} without the \
+                 claim's zxid (the fencing token); try again",
+                self.at()
+            ))),
+        }
+    }
+
+    /// A claim that failed at operation `index` (counted from the slot node's create;
+    /// `None`: the check of the hold node) with `source`.
+    fn not_claimed(
+        &self,
+        index: Option<usize>,
+        source: ZkError,
+        slot_path: &str,
+    ) -> Result<Claimed, BackendError> {
+        match (index, source) {
+            (None, _) => Ok(Claimed::HoldChanged),
+            (Some(0), ZkError::NodeExists) => Ok(Claimed::Lost),
+            (Some(_), ZkError::NoNode) => Ok(Claimed::Gone),
+            (Some(_), e) => Err(self.error(&e, slot_path)),
         }
     }
 

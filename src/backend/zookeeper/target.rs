@@ -5,9 +5,10 @@
 use std::sync::Arc;
 
 use super::ZkBackend;
-use crate::backend::table::{host_list, split_userinfo};
-use crate::backend::{AnyBackend, Kind, Target, UrlContext};
-use crate::config::{BackendConfig, ConfigError};
+use crate::backend::url::{host_list, split_userinfo};
+use crate::backend::url::{BackendConfig, UrlError};
+use crate::backend::url::{Kind, Target, UrlContext};
+use crate::backend::AnyBackend;
 
 /// The table line of ZooKeeper.
 pub const KIND: Kind = Kind {
@@ -63,8 +64,8 @@ impl Target for ZkTarget {
 }
 
 /// Checks a `zk://` URL; the context's password wins over the URL's.
-pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<ZkTarget, ConfigError> {
-    let bad = || ConfigError::BadUrl {
+pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<ZkTarget, UrlError> {
+    let bad = || UrlError::BadUrl {
         expected: KIND.usage,
     };
     let rest = url.strip_prefix("zk://").ok_or_else(bad)?;
@@ -80,7 +81,7 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<ZkTarget, ConfigError> {
             let (user, url_pw) = u.split_once(':').unwrap_or((u, ""));
             let password = pw.clone().unwrap_or_else(|| url_pw.to_owned());
             if user.is_empty() || password.is_empty() {
-                return Err(ConfigError::Backend(
+                return Err(UrlError::Backend(
                     "ZooKeeper digest authentication needs a user and a password: \
                      zk://USER:PASSWORD@host:port (or the password in LOCKRUN_PASSWORD)"
                         .into(),
@@ -89,7 +90,7 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<ZkTarget, ConfigError> {
             Some(format!("{user}:{password}"))
         }
         (None, Some(_)) => {
-            return Err(ConfigError::Backend(
+            return Err(UrlError::Backend(
                 "ZooKeeper authentication needs a user: zk://USER@host:port with the password \
                  in LOCKRUN_PASSWORD"
                     .into(),
@@ -106,7 +107,7 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<ZkTarget, ConfigError> {
 
 /// A chroot as ZooKeeper takes it: `/` alone or nothing means none; otherwise `/a/b`
 /// with no empty, `.` or `..` part (a trailing `/` is dropped).
-fn check_chroot(chroot: &str) -> Result<String, ConfigError> {
+fn check_chroot(chroot: &str) -> Result<String, UrlError> {
     let trimmed = chroot.trim_end_matches('/');
     if trimmed.is_empty() {
         return Ok(String::new());
@@ -116,7 +117,7 @@ fn check_chroot(chroot: &str) -> Result<String, ConfigError> {
         .skip(1)
         .any(|p| p.is_empty() || p == "." || p == ".." || p.contains('\0'));
     if bad_part {
-        return Err(ConfigError::Backend(
+        return Err(UrlError::Backend(
             "the ZooKeeper chroot in the URL is not a valid path: write it as /a/b (no empty, \
              . or .. parts)"
                 .into(),
@@ -128,11 +129,11 @@ fn check_chroot(chroot: &str) -> Result<String, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::table::testing::{args, ctx};
+    use crate::backend::url::testing::{ctx, options};
 
     #[test]
     fn zk_urls_list_servers_and_a_chroot() {
-        let a = args(&[]);
+        let a = options();
         let t = parse(
             "zk://10.0.0.1:2181,10.0.0.2:2181/jobs/locks",
             &ctx(&a, None),
@@ -156,13 +157,13 @@ mod tests {
         }
         assert_eq!(
             parse("zk://h:0/x", &ctx(&a, None)).unwrap_err(),
-            ConfigError::PortZero
+            UrlError::PortZero
         );
     }
 
     #[test]
     fn the_digest_comes_from_the_url_or_the_password_and_is_never_shown() {
-        let a = args(&[]);
+        let a = options();
         let t = parse("zk://app:s3cret@h:2181", &ctx(&a, None)).unwrap();
         assert_eq!(t.digest.as_deref(), Some("app:s3cret"));
         assert!(!format!("{t:?}").contains("s3cret"));
@@ -173,13 +174,13 @@ mod tests {
         assert_eq!(t.digest.as_deref(), Some("app:new"));
         for bad in ["zk://app@h:2181", "zk://:pw@h:2181"] {
             assert!(
-                matches!(parse(bad, &ctx(&a, None)), Err(ConfigError::Backend(_))),
+                matches!(parse(bad, &ctx(&a, None)), Err(UrlError::Backend(_))),
                 "{bad}"
             );
         }
         assert!(matches!(
             parse("zk://h:2181", &ctx(&a, Some("pw"))),
-            Err(ConfigError::Backend(_))
+            Err(UrlError::Backend(_))
         ));
     }
 }

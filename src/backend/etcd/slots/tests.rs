@@ -333,7 +333,7 @@ fn no_two_prefix_and_name_pairs_share_a_key() {
     let mut seen = std::collections::HashMap::new();
     for prefix in PREFIXES {
         for name in NAMES {
-            assert!(crate::config::LockName::parse(name).is_ok(), "{name}");
+            assert!(crate::name::LockName::parse(name).is_ok(), "{name}");
             for key in all_keys(prefix, name) {
                 if let Some(other) = seen.insert(key.clone(), (prefix, name)) {
                     panic!("{key:?} is a key of {other:?} and of ({prefix:?}, {name:?})");
@@ -343,7 +343,7 @@ fn no_two_prefix_and_name_pairs_share_a_key() {
     }
     // Names hold no brace: nothing can close a name early.
     for name in ["b}", "{b", "a}#1"] {
-        assert!(crate::config::LockName::parse(name).is_err(), "{name}");
+        assert!(crate::name::LockName::parse(name).is_err(), "{name}");
     }
 }
 

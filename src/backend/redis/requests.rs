@@ -1,0 +1,115 @@
+//! The [`Backend`] requests of one Redis server, each one script ([`super::scripts`])
+//! run through [`RedisBackend`]'s connection. Part of [`super`].
+
+use std::time::Duration;
+
+use super::conn::{self, Subscriber};
+use super::replies::{AcquireReply, Done, HoldersReply};
+use super::scripts::{Keys, Script};
+use super::{ms, owned, RedisBackend};
+use crate::backend::conn as slot;
+use crate::backend::{
+    slots_conflict, wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release,
+};
+
+/// Holders as `status` shows them: when none of them shows that they were taken with
+/// another N, yet the limit key says so (`theirs`), a refusal; otherwise the holders
+/// (`status` refuses those of another N itself).
+pub(super) fn shown(reply: HoldersReply, ours: u32) -> Result<Vec<Holder>, BackendError> {
+    let holders: Vec<Holder> = reply.holders.into_iter().map(|h| h.holder).collect();
+    if reply.theirs != 0 && holders.iter().all(|h| h.slots == ours) {
+        return Err(slots_conflict(reply.theirs, ours));
+    }
+    Ok(holders)
+}
+
+impl Backend for RedisBackend {
+    async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
+        match self.acquire_slot(name, req, None).await? {
+            AcquireReply::Acquired {
+                fencing_token,
+                slot,
+                ..
+            } => {
+                *self.taken.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((req.token.clone(), slot));
+                Ok(Acquire::Acquired {
+                    fencing_token,
+                    slot,
+                })
+            }
+            AcquireReply::Busy(holder) => Ok(Acquire::Busy(holder)),
+            AcquireReply::Conflict(theirs) => Err(self.conflict(theirs)),
+            AcquireReply::Evicting { policy, maxmemory } => Err(self.evicting(&policy, maxmemory)),
+        }
+    }
+
+    async fn renew(&self, name: &str, token: &str, ttl: Duration) -> Result<(), BackendError> {
+        let taken = match &*self.taken.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some((t, slot)) if t == token => Some(*slot),
+            _ => None,
+        };
+        self.renew_slot(name, token, ttl, taken).await
+    }
+
+    async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
+        let keep = match how {
+            Release::Now => "0".to_owned(),
+            Release::KeepFor(d) => ms(d),
+        };
+        let wake_prefix = Keys::new(&self.key_prefix, name).wake_prefix;
+        let done = self
+            .eval(Script::Release, name, None, &[token, &keep, &wake_prefix])
+            .await?;
+        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+        if taken.as_ref().is_some_and(|(t, _)| t == token) {
+            *taken = None;
+        }
+        owned(done)
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
+        shown(self.holders(name).await?, self.slots)
+    }
+
+    async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
+        let reply = self.force_holders(name).await?;
+        if reply.theirs != 0 {
+            return Err(BackendError::Refused(format!(
+                "{}; nothing was broken",
+                self.conflict(reply.theirs)
+            )));
+        }
+        Ok(reply.holders.into_iter().map(|h| h.holder).collect())
+    }
+
+    async fn wait_for_release(
+        &self,
+        _name: &str,
+        busy: &Holder,
+        max: Duration,
+    ) -> Result<(), BackendError> {
+        // The cap also keeps this waiter's heartbeat fresh (it is renewed by each try).
+        // Without a subscription (polling, or one lost), this sleeps the slice; a lost
+        // connection ends the wait early and is subscribed again at the next try.
+        let slice = wait_slice(busy.ttl_left, max);
+        slot::wait_for_wakeup(
+            &self.subscriber,
+            Subscriber::messages,
+            slice,
+            conn::next_wakeup,
+        )
+        .await;
+        Ok(())
+    }
+
+    async fn stop_waiting(&self, name: &str) -> Result<(), BackendError> {
+        if !self.notifications {
+            return Ok(());
+        }
+        let Done(_) = self
+            .eval(Script::Leave, name, None, &[&self.waiter_id])
+            .await?;
+        Ok(())
+    }
+}
