@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::Parser;
 
 use crate::backend::AnyBackend;
-use crate::cli::{Cli, Command, LogArgs};
+use crate::cli::{Cli, Command, LogArgs, RunArgs};
 use crate::config::{BackendConfig, LockName, RunConfig};
 use crate::log::{Format, Logger};
 use crate::metrics::RunReport;
@@ -43,43 +43,9 @@ const LAST_LINES_WAIT: Duration = Duration::from_secs(1);
 /// Runs the parsed command line. `Err` is a setup step that failed before anything
 /// was done (exit status 125); what happens later is in the returned status.
 fn dispatch(cli: Cli) -> anyhow::Result<u8> {
-    let runtime = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("cannot start the async runtime")
-    };
     let password = std::env::var("LOCKRUN_PASSWORD").ok();
     match cli.command {
-        Command::Run(args) => {
-            install_logger(&args.log, &args.name);
-            let not_started = |msg: String| RunReport {
-                outcome: run::fail(&format!("{msg}; the command was not started")),
-                waited: Duration::ZERO,
-                held: Duration::ZERO,
-            };
-            // Not a setup error: a run that cannot start still writes its metrics.
-            let report = match RunConfig::from_args(&args, password) {
-                // The guard is forked while lockrun has one thread: before the log
-                // writer's thread and the runtime (see `supervisor::guard`).
-                Ok(cfg) => match Guard::start(cfg.command.clone()) {
-                    Ok(guard) => {
-                        log::start_writer();
-                        let backend = AnyBackend::open(&cfg.backend, !cfg.wait.is_zero());
-                        runtime()?.block_on(run::run(&cfg, &backend, guard))
-                    }
-                    Err(e) => not_started(format!("cannot start the guard process: {e}")),
-                },
-                Err(e) => not_started(e.to_string()),
-            };
-            if let Some(path) = &args.metrics_file {
-                if let Err(e) = metrics::write(path, &args.name, &report) {
-                    let msg = format!("cannot write the metrics file {}: {e}", path.display());
-                    log::emit(log::Level::Warn, log::Event::MetricsFailed, &msg, &[]);
-                }
-            }
-            Ok(report.outcome.exit_code())
-        }
+        Command::Run(args) => Ok(run_command(&args, password)),
         Command::Status(args) => {
             install_logger(&args.log, &args.name);
             let backend = admin_backend(&args.backend, &args.name, password)?;
@@ -102,6 +68,49 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             Ok(outcome.exit_code())
         }
     }
+}
+
+/// `lockrun run`: checks the configuration, forks the guard, runs, writes the metrics
+/// file; returns the exit status.
+fn run_command(args: &RunArgs, password: Option<String>) -> u8 {
+    install_logger(&args.log, &args.name);
+    let not_started = |msg: String| RunReport {
+        outcome: run::fail(&format!("{msg}; the command was not started")),
+        waited: Duration::ZERO,
+        held: Duration::ZERO,
+    };
+    // Not a setup error: a run that cannot start still writes its metrics.
+    let report = match RunConfig::from_args(args, password) {
+        // The guard is forked while lockrun has one thread: before the log writer's
+        // thread and the runtime (see `supervisor::guard`).
+        Ok(cfg) => match Guard::start(cfg.command.clone()) {
+            Ok(guard) => match runtime() {
+                Ok(runtime) => {
+                    log::start_writer();
+                    let backend = AnyBackend::open(&cfg.backend, !cfg.wait.is_zero());
+                    runtime.block_on(run::run(&cfg, &backend, guard))
+                }
+                Err(e) => not_started(format!("{e:#}")),
+            },
+            Err(e) => not_started(format!("cannot start the guard process: {e}")),
+        },
+        Err(e) => not_started(e.to_string()),
+    };
+    if let Some(path) = &args.metrics_file {
+        if let Err(e) = metrics::write(path, &args.name, &report) {
+            let msg = format!("cannot write the metrics file {}: {e}", path.display());
+            log::emit(log::Level::Warn, log::Event::MetricsFailed, &msg, &[]);
+        }
+    }
+    report.outcome.exit_code()
+}
+
+/// The current-thread runtime lockrun runs on.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
 }
 
 fn install_logger(args: &LogArgs, lock: &str) {

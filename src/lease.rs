@@ -351,14 +351,7 @@ impl Machine {
             (lost @ Lease::Lost { .. }, _) => lost,
             (Lease::Expired, _) => Lease::Expired,
         };
-        // Past the deadline nothing is known any more, whatever the last answer was
-        // (a reply read late after a pause included): SIGKILL is due.
-        match lease {
-            Lease::Held { deadline, .. } | Lease::Lost { deadline } if now >= deadline => {
-                Lease::Expired
-            }
-            other => other,
-        }
+        expire(lease, now)
     }
 
     /// The stop state after `event`, and the signal to send, if any.
@@ -373,49 +366,8 @@ impl Machine {
             | Event::CommandExited
             | Event::Forwarded => {}
         }
-        let p = self.params;
         let (stop, signal) = match self.stop {
-            Stop::Running => {
-                let max_runtime = self.max_runtime_at.is_some_and(|t| now >= t);
-                let reason = match self.lease {
-                    Lease::Expired => Some(StopReason::LeaseExpiring),
-                    Lease::Lost { .. } => Some(StopReason::LeaseLost),
-                    Lease::Held { deadline, .. } if now >= deadline - p.grace() => {
-                        Some(StopReason::LeaseExpiring)
-                    }
-                    Lease::Held { .. } if max_runtime => Some(StopReason::MaxRuntime),
-                    Lease::Held { .. } if event == Event::CommandExited => {
-                        Some(StopReason::Leftovers)
-                    }
-                    Lease::Held { .. } if event == Event::Forwarded => Some(StopReason::Forwarded),
-                    Lease::Held { .. } => None,
-                };
-                match (reason, self.lease) {
-                    (None, _) => (Stop::Running, None),
-                    // The forwarded signal is the stop signal: only SIGKILL is left to
-                    // schedule, `--kill-after` from now (as `timeout -k`). The lease
-                    // is still renewed meanwhile; its deadline at each step still
-                    // bounds SIGKILL (the `Terminating` arm below).
-                    (Some(StopReason::Forwarded), Lease::Held { .. }) => (
-                        Stop::Terminating {
-                            reason: StopReason::Forwarded,
-                            kill_at: now + p.kill_after,
-                        },
-                        None,
-                    ),
-                    // Paused past the deadline (or never renewed in time): SIGKILL now.
-                    (Some(reason), Lease::Expired) => {
-                        (Stop::Killed { reason }, Some(GroupSignal::Kill(reason)))
-                    }
-                    (Some(reason), Lease::Held { deadline, .. } | Lease::Lost { deadline }) => (
-                        Stop::Terminating {
-                            reason,
-                            kill_at: (now + p.kill_after).min(deadline),
-                        },
-                        Some(GroupSignal::Stop(reason)),
-                    ),
-                }
-            }
+            Stop::Running => self.stop_running(event, now),
             Stop::Terminating { reason, kill_at } => {
                 // Whatever the first reason was, the lease deadline as it stands now
                 // still bounds SIGKILL.
@@ -435,6 +387,49 @@ impl Machine {
         };
         self.stop = stop;
         signal
+    }
+
+    /// The stop state after `event` while the command runs untouched: why to stop it,
+    /// if there is a reason now, and with which signal.
+    fn stop_running(&self, event: Event, now: BootInstant) -> (Stop, Option<GroupSignal>) {
+        let p = self.params;
+        let max_runtime = self.max_runtime_at.is_some_and(|t| now >= t);
+        let reason = match self.lease {
+            Lease::Expired => Some(StopReason::LeaseExpiring),
+            Lease::Lost { .. } => Some(StopReason::LeaseLost),
+            Lease::Held { deadline, .. } if now >= deadline - p.grace() => {
+                Some(StopReason::LeaseExpiring)
+            }
+            Lease::Held { .. } if max_runtime => Some(StopReason::MaxRuntime),
+            Lease::Held { .. } if event == Event::CommandExited => Some(StopReason::Leftovers),
+            Lease::Held { .. } if event == Event::Forwarded => Some(StopReason::Forwarded),
+            Lease::Held { .. } => None,
+        };
+        match (reason, self.lease) {
+            (None, _) => (Stop::Running, None),
+            // The forwarded signal is the stop signal: only SIGKILL is left to schedule,
+            // `--kill-after` from now (as `timeout -k`). The lease is still renewed
+            // meanwhile; its deadline at each step still bounds SIGKILL (the
+            // `Terminating` arm of `next_stop`).
+            (Some(StopReason::Forwarded), Lease::Held { .. }) => (
+                Stop::Terminating {
+                    reason: StopReason::Forwarded,
+                    kill_at: now + p.kill_after,
+                },
+                None,
+            ),
+            // Paused past the deadline (or never renewed in time): SIGKILL now.
+            (Some(reason), Lease::Expired) => {
+                (Stop::Killed { reason }, Some(GroupSignal::Kill(reason)))
+            }
+            (Some(reason), Lease::Held { deadline, .. } | Lease::Lost { deadline }) => (
+                Stop::Terminating {
+                    reason,
+                    kill_at: (now + p.kill_after).min(deadline),
+                },
+                Some(GroupSignal::Stop(reason)),
+            ),
+        }
     }
 
     /// Fails closed when the timer is gone: SIGKILL now, whatever the stop state
@@ -463,6 +458,17 @@ impl Machine {
                 Some(GroupSignal::Kill(StopReason::GuardLost))
             }
         }
+    }
+}
+
+/// Past the deadline nothing is known any more, whatever the last answer was (a reply
+/// read late after a pause included): the lease is expired and SIGKILL is due.
+fn expire(lease: Lease, now: BootInstant) -> Lease {
+    match lease {
+        Lease::Held { deadline, .. } | Lease::Lost { deadline } if now >= deadline => {
+            Lease::Expired
+        }
+        other => other,
     }
 }
 

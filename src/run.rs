@@ -62,21 +62,10 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
         waited: BootInstant::now().saturating_since(started),
         held: Duration::ZERO,
     };
-    let mut signals = match Signals::install() {
+    let mut signals = match prepare() {
         Ok(s) => s,
         Err(e) => return report(fail(&format!("cannot install signal handlers: {e}"))),
     };
-    for sig in signals.ignored() {
-        let msg =
-            format!("{sig} was ignored when lockrun started: it stays ignored, not forwarded");
-        let fields = [("signal", sig.as_str().into())];
-        emit(Level::Info, Event::SignalIgnored, &msg, &fields);
-    }
-    if let Err(e) = crate::supervisor::become_subreaper() {
-        let msg =
-            format!("cannot become a child subreaper ({e}): orphans of the command may escape");
-        emit(Level::Warn, Event::Subreaper, &msg, &[]);
-    }
     let taken = match acquire(cfg, backend, request(cfg), &mut signals).await {
         Ok(t) => t,
         Err(outcome) => return report(outcome),
@@ -121,6 +110,24 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
         waited: taken.waited,
         held: hold,
     }
+}
+
+/// Installs lockrun's signal handlers (saying which signals stay ignored) and makes it
+/// a child subreaper, before anything is taken.
+fn prepare() -> std::io::Result<Signals> {
+    let signals = Signals::install()?;
+    for sig in signals.ignored() {
+        let msg =
+            format!("{sig} was ignored when lockrun started: it stays ignored, not forwarded");
+        let fields = [("signal", sig.as_str().into())];
+        emit(Level::Info, Event::SignalIgnored, &msg, &fields);
+    }
+    if let Err(e) = crate::supervisor::become_subreaper() {
+        let msg =
+            format!("cannot become a child subreaper ({e}): orphans of the command may escape");
+        emit(Level::Warn, Event::Subreaper, &msg, &[]);
+    }
+    Ok(signals)
 }
 
 /// The first acquire request: a fresh token, and who this is for `status`.

@@ -55,70 +55,28 @@ pub(super) async fn supervise<B: Backend>(
     let reports = watch_guard(job);
     let mut end = JobEnd::default();
     let mut failures = 0u32;
-    let mut told_guard = lease_deadline(&machine);
-    if let Some(d) = told_guard {
-        job.set_deadline(d.since_boot());
-    }
-    loop {
-        if (end.leader.is_some() || job.is_guard_lost()) && end.empty {
-            break;
-        }
-        let draining = end.leader.is_some()
-            || job.is_guard_lost()
-            || reports.is_none()
-            || matches!(machine.stop(), Stop::Killed { .. });
+    let mut told_guard = None;
+    tell_guard(job, &machine, &mut told_guard);
+    while !((end.leader.is_some() || job.is_guard_lost()) && end.empty) {
         let event = match arm(&mut timer, &machine) {
             Some(failed) => Some(failed),
-            None => tokio::select! {
-                biased;
-                _ = timer.fired() => Some(Event::Tick),
-                r = async { renewal.as_mut().expect("guarded").await }, if renewal.is_some() => {
-                    renewal = None;
-                    Some(renewal_event(r, &mut failures, &cfg.backend.display))
-                }
-                received = signals.recv() => on_signal(received, job, &mut end),
-                ready = async { reports.as_ref().expect("guarded").readable().await },
-                    if reports.is_some() && !end.guard_eof => {
-                    match ready {
-                        Ok(mut guard) => {
-                            guard.clear_ready();
-                            on_reports(job, &mut end)
-                        }
-                        Err(_) => None,
-                    }
-                }
-                // While the job drains, look at it now and then: the guard reports its
-                // end, but lockrun checks for itself too, and SIGKILL is sent again to
-                // whatever a fork slipped past the last one.
-                _ = tokio::time::sleep(DRAIN_POLL), if draining => {
-                    if matches!(machine.stop(), Stop::Killed { .. }) {
-                        job.signal(nix::sys::signal::Signal::SIGKILL);
-                    }
-                    let event = if reports.is_none() {
-                        on_reports(job, &mut end)
-                    } else {
-                        None
-                    };
-                    if end.leader.is_some() && !end.empty {
-                        end.empty = job.is_empty();
-                    }
-                    event
-                }
-            },
+            None => {
+                let mut wake = Wake {
+                    timer: &mut timer,
+                    renewal: &mut renewal,
+                    signals: &mut *signals,
+                    reports: reports.as_ref(),
+                    failures: &mut failures,
+                };
+                next_event(&mut wake, cfg, job, &mut end, &machine).await
+            }
         };
         if job.is_guard_lost() && !end.empty {
             end.empty = job.is_empty();
         }
         let now = BootInstant::now();
         let actions = machine.step(event.unwrap_or(Event::Tick), now);
-        let deadline = lease_deadline(&machine);
-        if deadline != told_guard {
-            // The guard's own kill at the deadline, should lockrun be stopped then.
-            if let Some(d) = deadline {
-                job.set_deadline(d.since_boot());
-            }
-            told_guard = deadline;
-        }
+        tell_guard(job, &machine, &mut told_guard);
         if let Some(signal) = actions.signal {
             carry_out(cfg, job, signal);
         }
@@ -134,14 +92,86 @@ pub(super) async fn supervise<B: Backend>(
     }
     drop(renewal);
     drop(reports);
+    ended(&machine, end.leader)
+}
+
+/// How the run ended, and whether the lease is still ours to release.
+fn ended(machine: &Machine, leader: Option<ChildExit>) -> Ended {
     let lease = if machine.holds_lease() {
         LeaseAtEnd::Ours
     } else {
         LeaseAtEnd::Lost
     };
     Ended {
-        outcome: outcome(&machine, end.leader),
+        outcome: outcome(machine, leader),
         lease,
+    }
+}
+
+/// What can wake the driver.
+struct Wake<'w, 'r> {
+    timer: &'w mut Timer,
+    renewal: &'w mut Option<Renewal<'r>>,
+    signals: &'w mut Signals,
+    reports: Option<&'w AsyncFd<RawFd>>,
+    failures: &'w mut u32,
+}
+
+/// Waits for the next thing that happens and turns it into an event for the machine
+/// (`None`: nothing for it, look again).
+async fn next_event(
+    w: &mut Wake<'_, '_>,
+    cfg: &RunConfig,
+    job: &mut Job,
+    end: &mut JobEnd,
+    machine: &Machine,
+) -> Option<Event> {
+    let killed = matches!(machine.stop(), Stop::Killed { .. });
+    let draining = end.leader.is_some() || job.is_guard_lost() || w.reports.is_none() || killed;
+    let reports = w.reports;
+    tokio::select! {
+        biased;
+        _ = w.timer.fired() => Some(Event::Tick),
+        r = async { w.renewal.as_mut().expect("guarded").await }, if w.renewal.is_some() => {
+            *w.renewal = None;
+            Some(renewal_event(r, w.failures, &cfg.backend.display))
+        }
+        received = w.signals.recv() => on_signal(received, job, end),
+        ready = async { reports.expect("guarded").readable().await },
+            if reports.is_some() && !end.guard_eof => {
+            match ready {
+                Ok(mut guard) => {
+                    guard.clear_ready();
+                    on_reports(job, end)
+                }
+                Err(_) => None,
+            }
+        }
+        // While the job drains, look at it now and then: the guard reports its end,
+        // but lockrun checks for itself too, and SIGKILL is sent again to whatever a
+        // fork slipped past the last one.
+        _ = tokio::time::sleep(DRAIN_POLL), if draining => {
+            if killed {
+                job.signal(nix::sys::signal::Signal::SIGKILL);
+            }
+            let event = if reports.is_none() { on_reports(job, end) } else { None };
+            if end.leader.is_some() && !end.empty {
+                end.empty = job.is_empty();
+            }
+            event
+        }
+    }
+}
+
+/// Gives the guard the lease's deadline when it moved: the guard's own kill, should
+/// lockrun be stopped then.
+fn tell_guard(job: &Job, machine: &Machine, told: &mut Option<BootInstant>) {
+    let deadline = lease_deadline(machine);
+    if deadline != *told {
+        if let Some(d) = deadline {
+            job.set_deadline(d.since_boot());
+        }
+        *told = deadline;
     }
 }
 

@@ -28,6 +28,7 @@
 
 mod cgroup;
 mod guard;
+mod guardian;
 mod spawn;
 mod tree;
 mod wire;

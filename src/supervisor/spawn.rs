@@ -161,7 +161,14 @@ pub fn spawn_into(exec: &Exec, cgroup: BorrowedFd<'_>, parent: Pid) -> Result<Pi
         unsafe { child(exec, &argv, &envp, write_end.as_raw_fd(), parent) }
     }
     drop(write_end);
-    let pid = Pid::from_raw(pid as i32);
+    exec_result(read_end, Pid::from_raw(pid as i32))
+}
+
+/// Waits for the child's `execve`: the end of file on `read_end` (closed at a
+/// successful exec) gives its pid; an errno written there means it could not execute,
+/// and it is reaped.
+#[allow(unsafe_code)]
+fn exec_result(read_end: OwnedFd, pid: Pid) -> Result<Pid, Refused> {
     let mut errno = [0u8; 4];
     let mut got = 0;
     while got < errno.len() {
