@@ -46,7 +46,7 @@ fn check_slots(target: &dyn Target, slots: u32) -> Result<(), ConfigError> {
     if slots > 1 && !target.semaphores() {
         return Err(ConfigError::Url(UrlError::Backend(format!(
             "--slots {slots} needs a backend that keeps semaphores, and {} does not: use \
-             --slots 1, or a backend README's \"Choosing a backend\" lists for semaphores",
+             --slots 1, or docs/backends.md's \"Choosing a backend\" lists for semaphores",
             target.display()
         ))));
     }

@@ -217,7 +217,7 @@ fn split_params(url: &str) -> Result<(String, LibpqParams), UrlError> {
             k => {
                 return Err(UrlError::Backend(format!(
                     "the PostgreSQL URL has the parameter {:?}, which lockrun does not support \
-                     (see the PostgreSQL URL's parameters in the README or lockrun(1))",
+                     (see the PostgreSQL URL's parameters in docs/backends.md or lockrun(1))",
                     k.chars().take(32).collect::<String>()
                 )))
             }

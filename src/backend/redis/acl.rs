@@ -1,5 +1,5 @@
 //! The least-privilege Redis ACL rule for lockrun's user, written once here for the
-//! README, the tests and the error lines that name a missing permission. Part of
+//! docs/backends.md, the tests and the error lines that name a missing permission. Part of
 //! [`super`].
 //!
 //! lockrun sends `EVAL` (every step is a script, see `scripts.rs`) and, to wait with
@@ -59,7 +59,7 @@ pub fn permissions(prefix: &str) -> String {
     rule
 }
 
-/// The whole `ACL SETUSER` line for user `user` under `prefix`, as the README states
+/// The whole `ACL SETUSER` line for user `user` under `prefix`, as docs/backends.md states
 /// it: `reset` first, so that the user has exactly these permissions whatever it had
 /// before, then `on` and the password (`>PASSWORD`, to be replaced).
 pub fn setuser_line(user: &str, prefix: &str) -> String {

@@ -240,7 +240,7 @@ fn denied_line(denied: &Denied, ctx: &Context<'_>, script: Option<Script>, detai
         Some(s) if in_script => format!(" (inside lockrun's {} script)", s.name()),
         _ => String::new(),
     };
-    let readme = "README, \"Redis keys\", gives the whole rule";
+    let readme = "docs/backends.md, \"Redis keys\", gives the whole rule";
     match denied {
         Denied::Command(named) => {
             let name = named.as_ref().map(|n| n.to_ascii_uppercase()).or_else(|| {

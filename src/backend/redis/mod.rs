@@ -432,7 +432,7 @@ fn unchecked_line(at: &str, user: Option<&str>, why: &str) -> String {
     format!(
         "Redis at {at} did not let user {user:?} run INFO in lockrun's acquire script ({}), \
          so whether the server may evict the lock was not checked: grant it with ACL \
-         SETUSER {user} +info (README, \"Redis keys\", gives the whole rule)",
+         SETUSER {user} +info (docs/backends.md, \"Redis keys\", gives the whole rule)",
         why.trim()
     )
 }

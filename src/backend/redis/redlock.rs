@@ -56,7 +56,7 @@
 //!
 //! Where Redlock's safety rests on timing (a server that restarts without its data
 //! while the lease runs, clocks that jump, long pauses), the fencing token is what
-//! protects the downstream store: see the README.
+//! protects the downstream store: see docs/fencing.md.
 
 mod urls;
 mod votes;

@@ -83,7 +83,7 @@
 //! the leader's next ping (every half `tickTime`); a follower cut off from the leader
 //! just after answering a renewal leaves the leader a heartbeat up to that much older
 //! (plus the client's idle ping period, 3/20 of the timeout). Keep `tickTime` small
-//! against `--ttl` in ensembles (README).
+//! against `--ttl` in ensembles (docs/backends.md).
 //!
 //! **`--hold-at-least`**: a session cannot outlive the process, so the release moves
 //! the lock, in one multi-request (atomic), from our queue node to a persistent `hold`

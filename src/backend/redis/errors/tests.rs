@@ -85,7 +85,7 @@ fn a_command_denied_inside_a_script_is_named_from_its_line() {
     assert_eq!(
         d,
         "Redis at h:1 does not let user \"locker\" run PTTL (inside lockrun's acquire \
-         script): grant it with ACL SETUSER locker +pttl (README, \"Redis keys\", gives \
+         script): grant it with ACL SETUSER locker +pttl (docs/backends.md, \"Redis keys\", gives \
          the whole rule)"
     );
 }
