@@ -128,11 +128,10 @@ impl Guard {
             |what: &str| SpawnError::Guard(io::Error::other(format!("the guard process {what}")));
         wire::send(self.sock.as_fd(), &ToGuard::Spawn(env.to_vec()), hold)
             .map_err(|e| lost(&format!("could not be asked to start the command ({e})")))?;
-        let mut fds = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
-        let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
-        let answer = match poll(&mut fds, PollTimeout::from(ms)) {
-            Ok(n) if n > 0 => wire::recv_from_guard(self.sock.as_fd()),
-            _ => Ok(None),
+        let answer = if self.answers_within(timeout) {
+            wire::recv_from_guard(self.sock.as_fd())
+        } else {
+            Ok(None)
         };
         match answer {
             Ok(Some(FromGuard::Spawned { pid, cgroup })) => Ok(Spawned {
@@ -169,6 +168,23 @@ impl Guard {
     /// Gives the guard the lease's deadline (see [`super::Job::set_deadline`]).
     pub fn deadline(&self, since_boot: Duration) {
         let _ = wire::send_now(self.sock.as_fd(), &ToGuard::Deadline(since_boot));
+    }
+
+    /// Waits at most `timeout` for the guard's socket to be readable (an answer, or
+    /// the end of file of a dead guard). A signal lockrun receives meanwhile (its
+    /// handler only notes it for the runtime) does not cut the wait short.
+    fn answers_within(&self, timeout: Duration) -> bool {
+        let until = std::time::Instant::now() + timeout;
+        loop {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+            let mut fds = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::from(ms)) {
+                Ok(n) => return n > 0,
+                Err(nix::errno::Errno::EINTR) if !left.is_zero() => {}
+                Err(_) => return false,
+            }
+        }
     }
 
     /// Tells the guard the run is over: it lets go of the lock's descriptors and exits.
