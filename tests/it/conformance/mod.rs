@@ -4,7 +4,9 @@
 //! joins with one line at the bottom of this file. A backend with no server (the file
 //! backend) joins the second list: the contract, and of the faults only the definite loss
 //! (its lock broken by `release --force`); a server down, hung, killed or frozen means
-//! nothing for it.
+//! nothing for it. A backend reached through a hop of its own in front of a backend of
+//! the first list (PostgreSQL through PgBouncer, etcd over TLS) joins the third: the
+//! contract tests that hop can change, and every fault test.
 //!
 //! - `contract`: running, exclusion, busy and waiting, hand-off, crashes, renewal,
 //!   `--hold-at-least`, fencing, `status` and `release --force`, ownership, two
@@ -114,6 +116,31 @@ macro_rules! server_fault_tests {
     };
 }
 
+/// The contract tests that a pooler or TLS between lockrun and the server can change:
+/// the way in, exclusion and ownership through another hop, waits that PgBouncer's
+/// transaction pool wakes by polling (no `LISTEN`) and etcd wakes by a watch over TLS,
+/// renewals (each through another pooled connection, or a keep-alive stream over TLS),
+/// a definite loss, and a way in that fails. The rest (argument checks, status, key
+/// layout, the lease's own arithmetic) is the same SQL or the same etcd requests as the
+/// backend without the hop, tested there. Each run by [`contract_test`].
+macro_rules! transport_tests {
+    ($start:expr) => {
+        contract_test!(
+            $start,
+            contract::command_gets_its_token_and_name_and_its_status
+        );
+        contract_test!($start, contract::exclusive_under_contention);
+        contract_test!($start, contract::wait_that_runs_out_exits_75);
+        contract_test!($start, contract::waiter_starts_soon_after_release);
+        contract_test!($start, contract::waiter_takes_over_a_crashed_holders_lock);
+        contract_test!($start, contract::renewal_keeps_a_long_command_alive);
+        contract_test!($start, contract::release_never_removes_another_owners_lock);
+        contract_test!($start, contract::unreachable_backend_fails_closed);
+        contract_test!($start, faults::definite_loss_stops_the_command);
+        contract_test!($start, semaphore::semaphore_waiters_are_served_in_order);
+    };
+}
+
 /// One contract test for one backend.
 macro_rules! contract_test {
     ($start:expr, $module:ident :: $test:ident) => {
@@ -125,8 +152,18 @@ macro_rules! contract_test {
 }
 
 /// Every contract test for each backend, in a module named after it; after
-/// `no server:`, without the fault tests of servers.
+/// `no server:`, without the fault tests of servers; after `through:`, a backend reached
+/// through a pooler or over TLS, whose plain form is in the first list: the tests that
+/// hop can change, and every fault test.
 macro_rules! conformance {
+    (through: $($backend:ident => $start:expr;)*) => {$(
+        mod $backend {
+            use super::*;
+
+            transport_tests!($start);
+            server_fault_tests!($start);
+        }
+    )*};
     (no server: $($backend:ident => $start:expr;)*) => {$(
         mod $backend {
             use super::*;
@@ -149,10 +186,14 @@ conformance! {
     redlock => Quorum::start();
     sentinel => SentinelService::start();
     postgres => Postgres::start();
-    pgbouncer => PgBouncerService::start();
     etcd => EtcdServer::start();
-    etcd_tls => EtcdTls::start();
     zookeeper => ZkServer::start();
+}
+
+conformance! {
+    through:
+    pgbouncer => PgBouncerService::start();
+    etcd_tls => EtcdTls::start();
 }
 
 conformance! {

@@ -8,8 +8,10 @@
 //! reaches it by [`Service::url`], and [`Service::set_mode`] says what a fault means
 //! for it, if anything.
 //!
-//! A new backend joins by implementing [`Service`] for its test server and adding one
-//! line to the suite.
+//! A new backend joins by implementing [`Service`] for its test server (the servers the
+//! faults hit, and its URL through a proxy; the rest has defaults) and adding one line to
+//! the suite. A server process of a new kind implements [`Server`] with one line of the
+//! `server!` list below.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -17,16 +19,63 @@ use std::time::Duration;
 
 use super::{
     lockrun, run, EtcdServer, Mode, PgBouncer, Pool, PrivatePg, Proxy, RedisServer, Sentinel,
-    TlsFiles,
+    TlsFiles, ZkServer,
 };
+
+/// One server process of a test's own, that the fault tests kill and restart, or freeze
+/// and thaw.
+pub trait Server: Send + Sync {
+    /// The port it serves clients on.
+    fn port(&self) -> u16;
+    /// SIGKILLs it.
+    fn kill(&mut self);
+    /// Starts it again on its port, with whatever data it keeps.
+    fn restart(&mut self);
+    /// Freezes it (SIGSTOP): connections stay open, nothing is answered.
+    fn pause(&self);
+    /// Thaws it (SIGCONT).
+    fn resume(&self);
+}
+
+/// [`Server`] for each type, by its own methods of the same names.
+macro_rules! server {
+    ($($server:ty),*) => {$(
+        impl Server for $server {
+            fn port(&self) -> u16 {
+                <$server>::port(self)
+            }
+            fn kill(&mut self) {
+                <$server>::kill(self)
+            }
+            fn restart(&mut self) {
+                <$server>::restart(self)
+            }
+            fn pause(&self) {
+                <$server>::pause(self)
+            }
+            fn resume(&self) {
+                <$server>::resume(self)
+            }
+        }
+    )*};
+}
+
+server!(RedisServer, EtcdServer, PrivatePg, ZkServer);
 
 /// A lock service under test.
 pub trait Service: Send + Sync {
-    /// The ports lockrun connects to, one per server; each gets a proxy. None for a
-    /// backend with no server.
-    fn ports(&self) -> Vec<u16>;
+    /// Every server that holds the lock's data: what the fault tests kill and restart,
+    /// or freeze and thaw (the proxies stay). None for a backend with no server.
+    fn servers(&self) -> Vec<&dyn Server>;
+    /// The same, to kill and restart.
+    fn servers_mut(&mut self) -> Vec<&mut dyn Server>;
     /// The `--url` that reaches the server of `port` through the proxy on `via`.
     fn url_via(&self, via: u16) -> String;
+    /// The ports lockrun connects to, one per server; each gets a proxy. By default the
+    /// servers' own.
+    fn ports(&self) -> Vec<u16> {
+        self.servers().iter().map(|s| s.port()).collect()
+    }
     /// The `--url` of a service with no ports, reached directly (no proxy).
     fn url(&self) -> Option<String> {
         None
@@ -52,14 +101,6 @@ pub trait Service: Send + Sync {
     fn inner_proxies(&self) -> Vec<&Proxy> {
         Vec::new()
     }
-    /// SIGKILLs every server that holds the lock's data (the proxies stay).
-    fn kill(&mut self);
-    /// Starts the killed servers again on their ports, with whatever data they keep.
-    fn restart(&mut self);
-    /// Freezes those servers (SIGSTOP): connections stay open, nothing is answered.
-    fn pause(&self);
-    /// Thaws them (SIGCONT).
-    fn resume(&self);
 }
 
 /// A service behind fault-injecting proxies (one per server).
@@ -109,24 +150,30 @@ impl Backend {
         self.all_proxies().for_each(Proxy::cut);
     }
 
-    /// Kills the servers (see [`Service::kill`]).
+    /// SIGKILLs every server that holds the lock's data (see [`Service::servers`]).
     pub fn kill(&mut self) {
-        self.service.kill();
+        self.service
+            .servers_mut()
+            .into_iter()
+            .for_each(Server::kill);
     }
 
-    /// Restarts the killed servers (see [`Service::restart`]).
+    /// Starts the killed servers again on their ports, with whatever data they keep.
     pub fn restart(&mut self) {
-        self.service.restart();
+        self.service
+            .servers_mut()
+            .into_iter()
+            .for_each(Server::restart);
     }
 
-    /// Freezes the servers (see [`Service::pause`]).
+    /// Freezes the servers (SIGSTOP): connections stay open, nothing is answered.
     pub fn pause(&self) {
-        self.service.pause();
+        self.service.servers().into_iter().for_each(Server::pause);
     }
 
-    /// Thaws the servers (see [`Service::resume`]).
+    /// Thaws them (SIGCONT).
     pub fn resume(&self) {
-        self.service.resume();
+        self.service.servers().into_iter().for_each(Server::resume);
     }
 
     /// `lockrun run` against this backend with `opts` and `command`.
@@ -167,23 +214,14 @@ impl Backend {
 
 /// Redis: its own `redis-server`, restarted empty.
 impl Service for RedisServer {
-    fn ports(&self) -> Vec<u16> {
-        vec![self.port()]
+    fn servers(&self) -> Vec<&dyn Server> {
+        vec![self]
+    }
+    fn servers_mut(&mut self) -> Vec<&mut dyn Server> {
+        vec![self]
     }
     fn url_via(&self, via: u16) -> String {
         format!("redis://127.0.0.1:{via}")
-    }
-    fn kill(&mut self) {
-        RedisServer::kill(self);
-    }
-    fn restart(&mut self) {
-        RedisServer::restart(self);
-    }
-    fn pause(&self) {
-        RedisServer::pause(self);
-    }
-    fn resume(&self) {
-        RedisServer::resume(self);
     }
 }
 
@@ -198,23 +236,14 @@ impl Quorum {
 }
 
 impl Service for Quorum {
-    fn ports(&self) -> Vec<u16> {
-        self.0.iter().map(RedisServer::port).collect()
+    fn servers(&self) -> Vec<&dyn Server> {
+        self.0.iter().map(|s| s as &dyn Server).collect()
+    }
+    fn servers_mut(&mut self) -> Vec<&mut dyn Server> {
+        self.0.iter_mut().map(|s| s as &mut dyn Server).collect()
     }
     fn url_via(&self, via: u16) -> String {
         format!("redis://127.0.0.1:{via}")
-    }
-    fn kill(&mut self) {
-        self.0.iter_mut().for_each(RedisServer::kill);
-    }
-    fn restart(&mut self) {
-        self.0.iter_mut().for_each(RedisServer::restart);
-    }
-    fn pause(&self) {
-        self.0.iter().for_each(RedisServer::pause);
-    }
-    fn resume(&self) {
-        self.0.iter().for_each(RedisServer::resume);
     }
 }
 
@@ -232,6 +261,13 @@ impl SentinelService {
 }
 
 impl Service for SentinelService {
+    fn servers(&self) -> Vec<&dyn Server> {
+        vec![self.0.master()]
+    }
+    fn servers_mut(&mut self) -> Vec<&mut dyn Server> {
+        vec![self.0.master_mut()]
+    }
+    /// The Sentinel's: it hands out the master's own proxy.
     fn ports(&self) -> Vec<u16> {
         vec![self.0.sentinel_port()]
     }
@@ -241,18 +277,11 @@ impl Service for SentinelService {
     fn inner_proxies(&self) -> Vec<&Proxy> {
         vec![self.0.master_proxy()]
     }
-    fn kill(&mut self) {
-        self.0.master_mut().kill();
-    }
-    fn restart(&mut self) {
-        self.0.master_mut().restart();
-    }
-    fn pause(&self) {
-        self.0.master().pause();
-    }
-    fn resume(&self) {
-        self.0.master().resume();
-    }
+}
+
+/// The lock table of the PostgreSQL conformance runs.
+fn pg_table() -> Vec<String> {
+    vec!["--pg-table".into(), "lockrun_conformance".into()]
 }
 
 /// PostgreSQL: a private cluster of the test's own (so that it can be killed and
@@ -267,26 +296,17 @@ impl Postgres {
 }
 
 impl Service for Postgres {
-    fn ports(&self) -> Vec<u16> {
-        vec![self.0.port()]
+    fn servers(&self) -> Vec<&dyn Server> {
+        vec![&self.0]
+    }
+    fn servers_mut(&mut self) -> Vec<&mut dyn Server> {
+        vec![&mut self.0]
     }
     fn url_via(&self, via: u16) -> String {
         format!("postgres://postgres@127.0.0.1:{via}/postgres?sslmode=disable")
     }
     fn options(&self) -> Vec<String> {
-        vec!["--pg-table".into(), "lockrun_conformance".into()]
-    }
-    fn kill(&mut self) {
-        self.0.kill();
-    }
-    fn restart(&mut self) {
-        self.0.restart();
-    }
-    fn pause(&self) {
-        self.0.pause();
-    }
-    fn resume(&self) {
-        self.0.resume();
+        pg_table()
     }
 }
 
@@ -305,6 +325,13 @@ impl PgBouncerService {
 }
 
 impl Service for PgBouncerService {
+    fn servers(&self) -> Vec<&dyn Server> {
+        vec![self.0.pg()]
+    }
+    fn servers_mut(&mut self) -> Vec<&mut dyn Server> {
+        vec![self.0.pg_mut()]
+    }
+    /// PgBouncer's.
     fn ports(&self) -> Vec<u16> {
         vec![self.0.port()]
     }
@@ -312,41 +339,20 @@ impl Service for PgBouncerService {
         self.0.url_via(via, Pool::Transaction)
     }
     fn options(&self) -> Vec<String> {
-        vec!["--pg-table".into(), "lockrun_conformance".into()]
-    }
-    fn kill(&mut self) {
-        self.0.pg_mut().kill();
-    }
-    fn restart(&mut self) {
-        self.0.pg_mut().restart();
-    }
-    fn pause(&self) {
-        self.0.pg().pause();
-    }
-    fn resume(&self) {
-        self.0.pg().resume();
+        pg_table()
     }
 }
 
 /// etcd: its own single-member cluster, keeping its data across a restart.
 impl Service for EtcdServer {
-    fn ports(&self) -> Vec<u16> {
-        vec![self.port()]
+    fn servers(&self) -> Vec<&dyn Server> {
+        vec![self]
+    }
+    fn servers_mut(&mut self) -> Vec<&mut dyn Server> {
+        vec![self]
     }
     fn url_via(&self, via: u16) -> String {
         format!("etcd://127.0.0.1:{via}")
-    }
-    fn kill(&mut self) {
-        EtcdServer::kill(self);
-    }
-    fn restart(&mut self) {
-        EtcdServer::restart(self);
-    }
-    fn pause(&self) {
-        EtcdServer::pause(self);
-    }
-    fn resume(&self) {
-        EtcdServer::resume(self);
     }
 }
 
@@ -364,8 +370,11 @@ impl EtcdTls {
 }
 
 impl Service for EtcdTls {
-    fn ports(&self) -> Vec<u16> {
-        vec![self.0.port()]
+    fn servers(&self) -> Vec<&dyn Server> {
+        vec![&self.0]
+    }
+    fn servers_mut(&mut self) -> Vec<&mut dyn Server> {
+        vec![&mut self.0]
     }
     fn url_via(&self, via: u16) -> String {
         format!("etcds://127.0.0.1:{via}")
@@ -373,17 +382,18 @@ impl Service for EtcdTls {
     fn env(&self) -> Vec<(&'static str, String)> {
         self.0.tls_env()
     }
-    fn kill(&mut self) {
-        self.0.kill();
+}
+
+/// ZooKeeper: its own standalone server, keeping its data across a restart.
+impl Service for ZkServer {
+    fn servers(&self) -> Vec<&dyn Server> {
+        vec![self]
     }
-    fn restart(&mut self) {
-        self.0.restart();
+    fn servers_mut(&mut self) -> Vec<&mut dyn Server> {
+        vec![self]
     }
-    fn pause(&self) {
-        self.0.pause();
-    }
-    fn resume(&self) {
-        self.0.resume();
+    fn url_via(&self, via: u16) -> String {
+        format!("zk://127.0.0.1:{via}")
     }
 }
 
@@ -432,7 +442,10 @@ impl FileService {
 }
 
 impl Service for FileService {
-    fn ports(&self) -> Vec<u16> {
+    fn servers(&self) -> Vec<&dyn Server> {
+        Vec::new()
+    }
+    fn servers_mut(&mut self) -> Vec<&mut dyn Server> {
         Vec::new()
     }
     fn url_via(&self, _via: u16) -> String {
@@ -458,31 +471,5 @@ impl Service for FileService {
     }
     fn frees_crashed_locks_at_once(&self) -> bool {
         true
-    }
-    fn kill(&mut self) {}
-    fn restart(&mut self) {}
-    fn pause(&self) {}
-    fn resume(&self) {}
-}
-
-/// ZooKeeper: its own standalone server, keeping its data across a restart.
-impl Service for super::ZkServer {
-    fn ports(&self) -> Vec<u16> {
-        vec![self.port()]
-    }
-    fn url_via(&self, via: u16) -> String {
-        format!("zk://127.0.0.1:{via}")
-    }
-    fn kill(&mut self) {
-        super::ZkServer::kill(self);
-    }
-    fn restart(&mut self) {
-        super::ZkServer::restart(self);
-    }
-    fn pause(&self) {
-        super::ZkServer::pause(self);
-    }
-    fn resume(&self) {
-        super::ZkServer::resume(self);
     }
 }

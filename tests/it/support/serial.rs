@@ -1,7 +1,8 @@
 //! Which tests run side by side. The test harness runs the tests of this one binary on
-//! parallel threads (as many as the machine has cores). Most of them spend their time
-//! waiting for processes and may share the machine; a few load it heavily or measure
-//! time over long stretches (the soak, many contending lockruns) and run alone.
+//! parallel threads (as many as the machine has cores, or `RUST_TEST_THREADS`: at least
+//! 4 under `scripts/test`; the rules below hold for any number). Most of them spend
+//! their time waiting for processes and may share the machine; a few load it heavily or
+//! measure time over long stretches (the soak, many contending lockruns) and run alone.
 //!
 //! A test that must run alone calls [`alone`] before anything else. Every other test
 //! joins the side-by-side group the first time it starts a process through the support

@@ -404,32 +404,15 @@ fn a_lock_is_taken_held_and_released_through_verify_full_with_a_client_certifica
     assert_eq!(fence, Some(token.to_string()));
 }
 
-/// One refusal: how lockrun is pointed at the server, and what its line must say.
-struct Case {
-    what: &'static str,
-    url: String,
-    env: Vec<(&'static str, String)>,
-    says: Vec<&'static str>,
-}
-
-/// Runs `case` against `s`, and checks its line.
-fn refused(s: &Setup, case: &Case, secrets: &[&str]) {
-    let scratch = Scratch::new();
-    let cmd = s.lockrun(
-        &case.url,
-        "lockrun_tls_errors",
-        "job",
-        &case.env,
-        &scratch.path("ran"),
-    );
-    let f = spawn(cmd).wait_for(Duration::from_secs(20));
-    assert!(!scratch.exists("ran"), "{}: the command ran", case.what);
-    let never: Vec<&str> = secrets
+/// Runs `case` against `s`'s lock table, and checks its line.
+fn refused(case: &Refusal, secrets: &[&str]) {
+    let secrets: Vec<&str> = secrets
         .iter()
         .copied()
         .chain([PASSWORD, WRONG, "PRIVATE", "postgres://"])
         .collect();
-    f.assert_refused_in_one_line(case.what, Duration::from_secs(5), &case.says, &never);
+    let opts = ["--pg-table", "lockrun_tls_errors"];
+    case.check(&opts, Duration::from_secs(5), &secrets);
 }
 
 #[test]
@@ -462,11 +445,16 @@ fn every_refused_tls_or_authentication_setup_is_one_line_saying_what_to_set() {
         )
     };
     let pw = |p: &str| vec![("LOCKRUN_PASSWORD", p.to_owned())];
-    let case = |what, url, env, says| Case {
-        what,
-        url,
-        env,
-        says,
+    let home = ("HOME", path(&s.home.path(".")));
+    let case = |what, url, mut env: Vec<(&'static str, String)>, says| {
+        env.push(home.clone());
+        Refusal {
+            what,
+            url,
+            env,
+            says,
+            never: vec![],
+        }
     };
     let cases = [
         case(
@@ -642,7 +630,7 @@ fn every_refused_tls_or_authentication_setup_is_one_line_saying_what_to_set() {
         ),
     ];
     for case in &cases {
-        refused(&s, case, &secrets);
+        refused(case, &secrets);
     }
 
     // A certificate for another name: verify-full to 127.0.0.1 refuses it, verify-ca not.
@@ -654,7 +642,6 @@ fn every_refused_tls_or_authentication_setup_is_one_line_saying_what_to_set() {
     );
     s.pg.swap_server_cert(&other, &other_key, "pg-other-name");
     refused(
-        &s,
         &case(
             "verify-full to 127.0.0.1, a certificate for another name",
             full("postgres", "127.0.0.1", ""),
@@ -678,7 +665,6 @@ fn every_refused_tls_or_authentication_setup_is_one_line_saying_what_to_set() {
     s.pg.swap_server_cert(&expired, &expired_key, "pg-expired");
     for mode in ["verify-full", "verify-ca"] {
         refused(
-            &s,
             &case(
                 "an expired certificate",
                 s.url(
@@ -720,7 +706,6 @@ fn every_refused_tls_or_authentication_setup_is_one_line_saying_what_to_set() {
         format!("sslmode=verify-full&sslrootcert={ca}"),
     ] {
         refused(
-            &s,
             &case(
                 "no TLS at the server",
                 s.url("postgres", "127.0.0.1", &query),

@@ -4,12 +4,17 @@
 //! of their own (the URL's, `LOCKRUN_PASSWORD` or `LOCKRUN_SENTINEL_PASSWORD`), and
 //! `rediss+sentinel://` (TLS to the Sentinels and the master, across a failover too).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::*;
 
 /// How long the Sentinel waits for a silent master before failing it over.
 const DOWN_AFTER: Duration = Duration::from_millis(500);
+
+/// The fencing token `server` holds for "job", if any.
+fn fence_on(server: &RedisServer) -> Option<String> {
+    server.query(redis::cmd("GET").arg(fence_key("job")))
+}
 
 fn token_run(url: &str, s: &Scratch, opts: &[&str]) -> u64 {
     let mut cmd = lockrun_run(
@@ -30,9 +35,7 @@ fn sentinel_url_locks_on_the_master() {
     let token = token_run(&cluster.url(), &s, &[]);
     assert!(token > 0);
     // The lock lived on the master, not on the replica the Sentinel also knows.
-    let fence: Option<String> = cluster
-        .master()
-        .query(redis::cmd("GET").arg(fence_key("job")));
+    let fence = fence_on(cluster.master());
     assert_eq!(fence, Some(token.to_string()));
     let mut status = lockrun();
     status.args(["status", "--url", &cluster.url(), "job"]);
@@ -50,9 +53,7 @@ fn locking_follows_a_failover_and_tokens_keep_increasing() {
         after > before,
         "token {after} after the failover is not above {before}"
     );
-    let fence: Option<String> = cluster
-        .replica()
-        .query(redis::cmd("GET").arg(fence_key("job")));
+    let fence = fence_on(cluster.replica());
     assert_eq!(
         fence,
         Some(after.to_string()),
@@ -153,18 +154,18 @@ fn a_semaphores_slots_live_on_across_a_failover() {
 /// How long a refusal may take to be said.
 const PROMPT: Duration = Duration::from_secs(2);
 
-/// Runs `cmd` (a run of a command that touches `$MARKER`), expecting lockrun to refuse
-/// at once with one line (125) and not to start the command; returns that line.
-fn refused_at_once(mut cmd: std::process::Command, s: &Scratch) -> String {
-    cmd.env("MARKER", s.path("marker"));
-    let started = Instant::now();
-    let f = run(cmd);
-    let took = started.elapsed();
-    f.assert_failure(125);
-    assert!(took < PROMPT, "took {took:?} to refuse:\n{}", f.stderr);
-    assert_eq!(f.stderr.lines().count(), 1, "not one line:\n{}", f.stderr);
-    assert!(!s.exists("marker"), "the command ran");
-    f.stderr.trim().to_owned()
+/// Runs lockrun on `url` with `env`, expecting it to refuse at once with one line (125),
+/// with no password in it (they all end in `-pw`), and not to start the command;
+/// returns that line.
+fn refused_at_once(what: &'static str, url: &str, env: &[(&'static str, &str)]) -> String {
+    let case = Refusal {
+        what,
+        url: url.to_owned(),
+        env: env.iter().map(|&(k, v)| (k, v.to_owned())).collect(),
+        says: vec![],
+        never: vec!["-pw"],
+    };
+    case.check(&[], PROMPT, &[]).stderr.trim().to_owned()
 }
 
 /// A run whose command writes its environment to `$OUT`.
@@ -208,9 +209,7 @@ fn sentinels_with_a_password_of_their_own() {
         env.contains(&format!("LOCKRUN_URL={}", cluster.url())),
         "LOCKRUN_URL is not passed on cleaned:\n{env}"
     );
-    let fence: Option<String> = cluster
-        .master()
-        .query(redis::cmd("GET").arg(fence_key("job")));
+    let fence = fence_on(cluster.master());
     assert_eq!(fence.as_deref(), Some(s.read("token").trim()));
 
     // The master's password in LOCKRUN_PASSWORD; status too.
@@ -227,44 +226,33 @@ fn sentinels_with_a_password_of_their_own() {
     run(status).assert_code(1);
 
     // A wrong Sentinel password: one line, naming the Sentinel.
-    let s = Scratch::new();
-    let mut cmd = lockrun_run(
+    let line = refused_at_once(
+        "a wrong Sentinel password",
         &cluster.url_with(":master-pw"),
-        "job",
-        &[],
-        &sh(r#"touch "$MARKER""#),
+        &[("LOCKRUN_SENTINEL_PASSWORD", "wrong-pw")],
     );
-    cmd.env("LOCKRUN_SENTINEL_PASSWORD", "wrong-pw");
-    let line = refused_at_once(cmd, &s);
     assert!(
         line.contains(&format!("{sentinel} refused authentication"))
             && line.contains("WRONGPASS")
             && line.contains("LOCKRUN_SENTINEL_PASSWORD"),
         "{line}"
     );
-    assert!(!line.contains("-pw"), "a password in the line: {line}");
 
     // No variable: the Sentinel is given the master's password, and says no.
-    let s = Scratch::new();
-    let cmd = lockrun_run(
+    let line = refused_at_once(
+        "the master's password only",
         &cluster.url_with(":master-pw"),
-        "job",
         &[],
-        &sh(r#"touch "$MARKER""#),
     );
-    let line = refused_at_once(cmd, &s);
     assert!(
         line.contains(&format!("{sentinel} refused authentication"))
             && line.contains("master's user and password")
             && line.contains("LOCKRUN_SENTINEL_PASSWORD"),
         "{line}"
     );
-    assert!(!line.contains("-pw"), "a password in the line: {line}");
 
     // No password at all.
-    let s = Scratch::new();
-    let cmd = lockrun_run(&cluster.url(), "job", &[], &sh(r#"touch "$MARKER""#));
-    let line = refused_at_once(cmd, &s);
+    let line = refused_at_once("no password", &cluster.url(), &[]);
     assert!(
         line.contains(&format!("{sentinel} refused authentication"))
             && line.contains("NOAUTH")
@@ -273,11 +261,14 @@ fn sentinels_with_a_password_of_their_own() {
     );
 
     // The Sentinel lets us in, the master does not: the line names the master.
-    let s = Scratch::new();
-    let mut cmd = lockrun_run(&cluster.url(), "job", &[], &sh(r#"touch "$MARKER""#));
-    cmd.env("LOCKRUN_PASSWORD", "wrong-pw")
-        .env("LOCKRUN_SENTINEL_PASSWORD", "sentinel-pw");
-    let line = refused_at_once(cmd, &s);
+    let line = refused_at_once(
+        "a wrong master password",
+        &cluster.url(),
+        &[
+            ("LOCKRUN_PASSWORD", "wrong-pw"),
+            ("LOCKRUN_SENTINEL_PASSWORD", "sentinel-pw"),
+        ],
+    );
     assert!(
         line.contains(&format!(
             "Redis at 127.0.0.1:{} (the Sentinels' mymaster) refused the password",
@@ -286,7 +277,6 @@ fn sentinels_with_a_password_of_their_own() {
         "{line}"
     );
     assert!(!line.contains("Sentinel 127.0.0.1"), "{line}");
-    assert!(!line.contains("-pw"), "a password in the line: {line}");
 }
 
 #[test]
@@ -321,9 +311,7 @@ fn a_sentinel_without_a_password_answers_when_the_master_has_one() {
     );
     let s = Scratch::new();
     let token = token_run(&cluster.url_with(":master-pw"), &s, &[]);
-    let fence: Option<String> = cluster
-        .master()
-        .query(redis::cmd("GET").arg(fence_key("job")));
+    let fence = fence_on(cluster.master());
     assert_eq!(fence, Some(token.to_string()));
 }
 
@@ -339,6 +327,7 @@ fn rediss_sentinel_speaks_tls_to_the_sentinels_and_the_master() {
     let url = cluster.url();
     assert!(url.starts_with("rediss+sentinel://"), "{url}");
     let ca = cluster.tls_files().path("ca.pem");
+    let ca_env = ca.display().to_string();
     // The Sentinel hands out the proxy in front of the master's TLS port: only TLS
     // gets through to the master.
     let s = Scratch::new();
@@ -351,15 +340,12 @@ fn rediss_sentinel_speaks_tls_to_the_sentinels_and_the_master() {
     cmd.env("OUT", s.path("out")).env("LOCKRUN_TLS_CA", &ca);
     run(cmd).assert_code(0);
     let before: u64 = s.read("out").trim().parse().unwrap();
-    let fence: Option<String> = cluster
-        .master()
-        .query(redis::cmd("GET").arg(fence_key("job")));
+    let fence = fence_on(cluster.master());
     assert_eq!(fence, Some(before.to_string()));
 
     // Without the CA: the Sentinel's certificate is not trusted, and nothing is sent in
     // plain text instead.
-    let s = Scratch::new();
-    let line = refused_at_once(lockrun_run(&url, "job", &[], &sh(r#"touch "$MARKER""#)), &s);
+    let line = refused_at_once("no LOCKRUN_TLS_CA", &url, &[]);
     assert!(
         line.contains(&format!("Sentinel {}", url.split('/').nth(2).unwrap()))
             && line.contains("LOCKRUN_TLS_CA"),
@@ -367,12 +353,8 @@ fn rediss_sentinel_speaks_tls_to_the_sentinels_and_the_master() {
     );
 
     // The wrong scheme for the port: a line that says which to use.
-    let s = Scratch::new();
     let plain_at_tls = url.replace("rediss+sentinel://", "redis+sentinel://");
-    let line = refused_at_once(
-        lockrun_run(&plain_at_tls, "job", &[], &sh(r#"touch "$MARKER""#)),
-        &s,
-    );
+    let line = refused_at_once("redis+sentinel:// at a TLS port", &plain_at_tls, &[]);
     assert!(
         line.contains("speaks TLS on that port: use rediss+sentinel://"),
         "{line}"
@@ -381,9 +363,11 @@ fn rediss_sentinel_speaks_tls_to_the_sentinels_and_the_master() {
         "rediss+sentinel://127.0.0.1:{}/mymaster",
         cluster.sentinel_port()
     );
-    let mut cmd = lockrun_run(&tls_at_plain, "job", &[], &sh(r#"touch "$MARKER""#));
-    cmd.env("LOCKRUN_TLS_CA", &ca);
-    let line = refused_at_once(cmd, &s);
+    let line = refused_at_once(
+        "rediss+sentinel:// at a plain port",
+        &tls_at_plain,
+        &[("LOCKRUN_TLS_CA", &ca_env)],
+    );
     assert!(
         line.contains("answers without TLS on that port: use redis+sentinel://"),
         "{line}"
@@ -403,9 +387,7 @@ fn rediss_sentinel_speaks_tls_to_the_sentinels_and_the_master() {
     run(cmd).assert_code(0);
     let after: u64 = s.read("out").trim().parse().unwrap();
     assert!(after > before, "token {after} is not above {before}");
-    let fence: Option<String> = cluster
-        .replica()
-        .query(redis::cmd("GET").arg(fence_key("job")));
+    let fence = fence_on(cluster.replica());
     assert_eq!(fence, Some(after.to_string()));
 }
 
@@ -422,52 +404,47 @@ fn client_certificates_and_a_sentinel_acl_user() {
             ..Security::default()
         },
     );
-    let tls = cluster.tls_files();
-    let with_tls = |cmd: &mut std::process::Command, cert: bool| {
-        cmd.env("LOCKRUN_TLS_CA", tls.path("ca.pem"));
-        if cert {
-            cmd.env("LOCKRUN_TLS_CERT", tls.path("client.pem"))
-                .env("LOCKRUN_TLS_KEY", tls.path("client.key"));
-        }
-    };
+    let file = |name: &str| cluster.tls_files().path(name).display().to_string();
+    let (ca, cert, key) = (file("ca.pem"), file("client.pem"), file("client.key"));
     let s = Scratch::new();
     let mut cmd = env_run(&cluster.url_with(":master-pw"), &s);
-    with_tls(&mut cmd, true);
-    cmd.env("LOCKRUN_SENTINEL_USER", "watcher")
+    cmd.env("LOCKRUN_TLS_CA", &ca)
+        .env("LOCKRUN_TLS_CERT", &cert)
+        .env("LOCKRUN_TLS_KEY", &key)
+        .env("LOCKRUN_SENTINEL_USER", "watcher")
         .env("LOCKRUN_SENTINEL_PASSWORD", "watcher-pw");
     run(cmd).assert_code(0);
     assert!(!s.read("out").contains("-pw"), "{}", s.read("out"));
     assert!(cluster.master().exists(&fence_key("job")));
+    let url = cluster.url_with(":master-pw");
 
     // The right password for another user of the Sentinel's.
-    let s = Scratch::new();
-    let mut cmd = lockrun_run(
-        &cluster.url_with(":master-pw"),
-        "job",
-        &[],
-        &sh(r#"touch "$MARKER""#),
+    let line = refused_at_once(
+        "another Sentinel user's password",
+        &url,
+        &[
+            ("LOCKRUN_TLS_CA", &ca),
+            ("LOCKRUN_TLS_CERT", &cert),
+            ("LOCKRUN_TLS_KEY", &key),
+            ("LOCKRUN_SENTINEL_USER", "default"),
+            ("LOCKRUN_SENTINEL_PASSWORD", "watcher-pw"),
+        ],
     );
-    with_tls(&mut cmd, true);
-    cmd.env("LOCKRUN_SENTINEL_USER", "default")
-        .env("LOCKRUN_SENTINEL_PASSWORD", "watcher-pw");
-    let line = refused_at_once(cmd, &s);
     assert!(
         line.contains("Sentinel 127.0.0.1:") && line.contains("refused authentication"),
         "{line}"
     );
 
     // No client certificate: refused, at once, in one line.
-    let s = Scratch::new();
-    let mut cmd = lockrun_run(
-        &cluster.url_with(":master-pw"),
-        "job",
-        &[],
-        &sh(r#"touch "$MARKER""#),
+    let watcher = [
+        ("LOCKRUN_SENTINEL_USER", "watcher"),
+        ("LOCKRUN_SENTINEL_PASSWORD", "watcher-pw"),
+    ];
+    let line = refused_at_once(
+        "no client certificate",
+        &url,
+        &[("LOCKRUN_TLS_CA", &ca), watcher[0], watcher[1]],
     );
-    with_tls(&mut cmd, false);
-    cmd.env("LOCKRUN_SENTINEL_USER", "watcher")
-        .env("LOCKRUN_SENTINEL_PASSWORD", "watcher-pw");
-    let line = refused_at_once(cmd, &s);
     assert!(
         line.contains("Sentinel 127.0.0.1:")
             && line.contains("demands a client certificate")
@@ -477,19 +454,21 @@ fn client_certificates_and_a_sentinel_acl_user() {
 
     // A client certificate of another CA's.
     let stranger = TlsFiles::generate(true);
-    let s = Scratch::new();
-    let mut cmd = lockrun_run(
-        &cluster.url_with(":master-pw"),
-        "job",
-        &[],
-        &sh(r#"touch "$MARKER""#),
+    let (stray_cert, stray_key) = (
+        stranger.path("client.pem").display().to_string(),
+        stranger.path("client.key").display().to_string(),
     );
-    with_tls(&mut cmd, false);
-    cmd.env("LOCKRUN_TLS_CERT", stranger.path("client.pem"))
-        .env("LOCKRUN_TLS_KEY", stranger.path("client.key"))
-        .env("LOCKRUN_SENTINEL_USER", "watcher")
-        .env("LOCKRUN_SENTINEL_PASSWORD", "watcher-pw");
-    let line = refused_at_once(cmd, &s);
+    let line = refused_at_once(
+        "a client certificate of another CA's",
+        &url,
+        &[
+            ("LOCKRUN_TLS_CA", &ca),
+            ("LOCKRUN_TLS_CERT", &stray_cert),
+            ("LOCKRUN_TLS_KEY", &stray_key),
+            watcher[0],
+            watcher[1],
+        ],
+    );
     assert!(
         line.contains("Sentinel 127.0.0.1:")
             && line.contains("does not trust the client certificate of LOCKRUN_TLS_CERT"),

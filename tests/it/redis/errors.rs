@@ -13,38 +13,14 @@ use crate::support::*;
 const PASSWORD: &str = "errs-Pw-7c21";
 const WRONG: &str = "wrong-Pw-3e8a";
 
-/// One case: how lockrun is pointed at a server, and what its line must say.
-struct Case {
-    what: &'static str,
-    url: String,
-    env: Vec<(&'static str, String)>,
-    says: Vec<&'static str>,
-    never: Vec<&'static str>,
-}
-
 /// The port of a `rediss://127.0.0.1:PORT` URL.
 fn port_of(url: &str) -> u16 {
     url.rsplit(':').next().unwrap().parse().unwrap()
 }
 
 /// Runs `case` with `opts`, and checks its line.
-fn check(case: &Case, opts: &[&str]) {
-    let s = Scratch::new();
-    let mut cmd = lockrun_run(&case.url, "job", opts, &sh(r#"touch "$RAN""#));
-    cmd.env("RAN", s.path("ran"));
-    for (k, v) in &case.env {
-        cmd.env(k, v);
-    }
-    let f = spawn(cmd).wait_for(Duration::from_secs(20));
-    let what = format!("{} {opts:?}", case.what);
-    assert!(!s.exists("ran"), "{what}: the command ran");
-    let never: Vec<&str> = case
-        .never
-        .iter()
-        .copied()
-        .chain([PASSWORD, WRONG, "()"])
-        .collect();
-    f.assert_refused_in_one_line(&what, Duration::from_secs(2), &case.says, &never);
+fn check(case: &Refusal, opts: &[&str]) {
+    case.check(opts, Duration::from_secs(2), &[PASSWORD, WRONG]);
 }
 
 #[test]
@@ -57,14 +33,14 @@ fn every_misconfigured_connection_says_what_to_set_in_one_line() {
     let path = |files: &TlsFiles, name: &str| files.path(name).display().to_string();
     let ca = |server: &RedisServer| ("LOCKRUN_TLS_CA", path(server.tls_files(), "ca.pem"));
     let cases = [
-        Case {
+        Refusal {
             what: "no password against requirepass",
             url: with_password.url(),
             env: vec![],
             says: vec!["requires a password", "LOCKRUN_PASSWORD"],
             never: vec!["Protocol error"],
         },
-        Case {
+        Refusal {
             what: "a wrong password in the URL",
             url: format!("redis://:{WRONG}@127.0.0.1:{}", with_password.port()),
             env: vec![],
@@ -74,21 +50,21 @@ fn every_misconfigured_connection_says_what_to_set_in_one_line() {
             ],
             never: vec![],
         },
-        Case {
+        Refusal {
             what: "a wrong password in LOCKRUN_PASSWORD",
             url: with_password.url(),
             env: vec![("LOCKRUN_PASSWORD", WRONG.into())],
             says: vec!["refused the password", "LOCKRUN_PASSWORD"],
             never: vec![],
         },
-        Case {
+        Refusal {
             what: "a server certificate, no LOCKRUN_TLS_CA",
             url: tls.tls_url(),
             env: vec![],
             says: vec!["no CA of this system signed", "set LOCKRUN_TLS_CA"],
             never: vec![],
         },
-        Case {
+        Refusal {
             what: "a server certificate another CA signed than LOCKRUN_TLS_CA's",
             url: tls.tls_url(),
             env: vec![("LOCKRUN_TLS_CA", path(&stranger, "ca.pem"))],
@@ -98,7 +74,7 @@ fn every_misconfigured_connection_says_what_to_set_in_one_line() {
             ],
             never: vec!["set LOCKRUN_TLS_CA"],
         },
-        Case {
+        Refusal {
             what: "a client certificate demanded, none given",
             url: mtls.tls_url(),
             env: vec![ca(&mtls)],
@@ -108,7 +84,7 @@ fn every_misconfigured_connection_says_what_to_set_in_one_line() {
             ],
             never: vec!["LOCKRUN_TLS_CA"],
         },
-        Case {
+        Refusal {
             what: "a client certificate the server does not trust",
             url: mtls.tls_url(),
             env: vec![
@@ -119,14 +95,14 @@ fn every_misconfigured_connection_says_what_to_set_in_one_line() {
             says: vec!["did not accept the client certificate of LOCKRUN_TLS_CERT"],
             never: vec!["set LOCKRUN_TLS_CA"],
         },
-        Case {
+        Refusal {
             what: "redis:// at a TLS port",
             url: format!("redis://127.0.0.1:{}", port_of(&tls.tls_url())),
             env: vec![],
             says: vec!["speaks TLS on that port", "use rediss://"],
             never: vec!["connection closed"],
         },
-        Case {
+        Refusal {
             what: "rediss:// at a plain port",
             url: format!("rediss://127.0.0.1:{}", tls.port()),
             env: vec![ca(&tls)],

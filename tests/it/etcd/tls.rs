@@ -114,35 +114,11 @@ fn a_member_down_or_failing_the_tls_check_is_passed_over() {
     assert!(!etcd.exists(&etcd_key("job")));
 }
 
-/// One case: how lockrun is pointed at a server, and what its line must say.
-struct Case {
-    what: &'static str,
-    url: String,
-    env: Vec<(&'static str, String)>,
-    says: Vec<&'static str>,
-    never: Vec<&'static str>,
-}
-
-/// Runs `case` with `opts`, and checks its line.
-fn check(case: &Case, opts: &[&str]) -> Duration {
-    let s = Scratch::new();
-    let mut cmd = lockrun_run(&case.url, "job", opts, &sh(r#"touch "$RAN""#));
-    cmd.env("RAN", s.path("ran"));
-    for (k, v) in &case.env {
-        cmd.env(k, v);
-    }
-    let f = spawn(cmd).wait_for(Duration::from_secs(20));
-    let what = format!("{} {opts:?}", case.what);
-    assert!(!s.exists("ran"), "{what}: the command ran");
-    let never: Vec<&str> = case
-        .never
-        .iter()
-        .copied()
-        .chain([PASSWORD, "()", "PRIVATE KEY", "BEGIN"])
-        .collect();
-    // Two looks at the port at most, a second each, on a loaded machine.
-    f.assert_refused_in_one_line(&what, Duration::from_secs(4), &case.says, &never);
-    f.elapsed
+/// Runs `case` with `opts`, and checks its line; returns how long it took. Two looks at
+/// the port at most, a second each, on a loaded machine.
+fn check(case: &Refusal, opts: &[&str]) -> Duration {
+    let secrets = [PASSWORD, "PRIVATE KEY", "BEGIN"];
+    case.check(opts, Duration::from_secs(4), &secrets).elapsed
 }
 
 #[test]
@@ -158,7 +134,7 @@ fn every_misconfigured_tls_connection_says_what_to_set_in_one_line() {
     let key = || ("LOCKRUN_TLS_KEY", ours("client.key"));
     let port = mtls.port();
     let cases = [
-        Case {
+        Refusal {
             what: "a private CA, no LOCKRUN_TLS_CA",
             url: mtls.url(),
             env: vec![cert(), key()],
@@ -169,7 +145,7 @@ fn every_misconfigured_tls_connection_says_what_to_set_in_one_line() {
             ],
             never: vec![],
         },
-        Case {
+        Refusal {
             what: "another CA in LOCKRUN_TLS_CA",
             url: mtls.url(),
             env: vec![("LOCKRUN_TLS_CA", path(&stranger, "ca.pem")), cert(), key()],
@@ -177,7 +153,7 @@ fn every_misconfigured_tls_connection_says_what_to_set_in_one_line() {
             says: vec!["point LOCKRUN_TLS_CA at the CA that signed"],
             never: vec!["set LOCKRUN_TLS_CA"],
         },
-        Case {
+        Refusal {
             what: "an address the certificate does not hold",
             url: format!("etcds://127.0.0.2:{port}"),
             env: vec![ca(), cert(), key()],
@@ -188,7 +164,7 @@ fn every_misconfigured_tls_connection_says_what_to_set_in_one_line() {
             ],
             never: vec!["LOCKRUN_TLS_CA"],
         },
-        Case {
+        Refusal {
             what: "a client certificate demanded, none given",
             url: mtls.url(),
             env: vec![ca()],
@@ -198,7 +174,7 @@ fn every_misconfigured_tls_connection_says_what_to_set_in_one_line() {
             ],
             never: vec!["LOCKRUN_TLS_CA"],
         },
-        Case {
+        Refusal {
             what: "a client certificate another CA signed",
             url: mtls.url(),
             env: vec![
@@ -209,28 +185,28 @@ fn every_misconfigured_tls_connection_says_what_to_set_in_one_line() {
             says: vec!["did not accept the client certificate of LOCKRUN_TLS_CERT"],
             never: vec!["LOCKRUN_TLS_CA"],
         },
-        Case {
+        Refusal {
             what: "etcds:// at a plain port",
             url: format!("etcds://127.0.0.1:{}", plain.port()),
             env: vec![ca(), cert(), key()],
             says: vec!["answers without TLS on that port", "use etcd://"],
             never: vec!["connection closed"],
         },
-        Case {
+        Refusal {
             what: "etcd:// at a TLS port",
             url: format!("etcd://127.0.0.1:{port}"),
             env: vec![],
             says: vec!["speaks TLS on that port", "use etcds://"],
             never: vec!["connection closed"],
         },
-        Case {
+        Refusal {
             what: "a user and password for etcd:// at a TLS port",
             url: format!("etcd://root@127.0.0.1:{port}"),
             env: vec![("LOCKRUN_PASSWORD", PASSWORD.into())],
             says: vec!["speaks TLS on that port", "use etcds://"],
             never: vec!["clear text"],
         },
-        Case {
+        Refusal {
             what: "a missing LOCKRUN_TLS_CA",
             url: mtls.url(),
             env: vec![
@@ -241,14 +217,14 @@ fn every_misconfigured_tls_connection_says_what_to_set_in_one_line() {
             says: vec!["cannot read LOCKRUN_TLS_CA (/nonexistent/ca.pem)"],
             never: vec![],
         },
-        Case {
+        Refusal {
             what: "an unreadable LOCKRUN_TLS_KEY (a directory)",
             url: mtls.url(),
             env: vec![ca(), cert(), ("LOCKRUN_TLS_KEY", "/".into())],
             says: vec!["cannot read LOCKRUN_TLS_KEY (/)"],
             never: vec![],
         },
-        Case {
+        Refusal {
             what: "a key that is not the certificate's",
             url: mtls.url(),
             env: vec![ca(), cert(), ("LOCKRUN_TLS_KEY", ours("server.key"))],

@@ -3,6 +3,14 @@
 //! clock): the lock table and its sequence, TLS,
 //! authentication, errors, and expiry by the database's clock. The contract every
 //! backend keeps is tested in the conformance suite.
+//!
+//! Beside it: `grants` (least-privilege roles, and the line of each missing
+//! permission), `tls` (verified TLS, client certificates, and the line of each refused
+//! set-up), `pgbouncer` (PostgreSQL through PgBouncer, in each pool mode).
+
+mod grants;
+mod pgbouncer;
+mod tls;
 
 use std::thread;
 use std::time::{Duration, Instant};

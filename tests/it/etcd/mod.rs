@@ -5,6 +5,13 @@
 //! refused, and the waiters' queue (keys on leases kept alive, gone when a waiter takes
 //! a slot, gives up or crashes). The contract every backend keeps is tested in the
 //! conformance suite.
+//!
+//! Beside it: `auth` (least-privilege etcd users, and the line of each missing
+//! permission), `tls` (`etcds://`: verified TLS, client certificates, and the line of
+//! each refused set-up).
+
+mod auth;
+mod tls;
 
 use std::thread;
 use std::time::{Duration, Instant};
