@@ -16,6 +16,7 @@ pub(crate) mod conn;
 pub(crate) mod etcd;
 pub(crate) mod file;
 pub(crate) mod postgres;
+pub(crate) mod probe;
 pub mod redis;
 pub(crate) mod registry;
 pub(crate) mod tls;

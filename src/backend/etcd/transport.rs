@@ -23,18 +23,16 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use http::Uri;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tower_service::Service;
 
-/// How long one look at a port may take in all.
-const LOOK_TIME: Duration = Duration::from_secs(1);
+use crate::backend::probe;
 
 /// Why a TLS connection to a member could not be made.
 #[derive(Debug)]
@@ -123,38 +121,19 @@ fn host_port(uri: &Uri) -> Option<(String, u16)> {
     Some((host.to_owned(), uri.port_u16()?))
 }
 
-/// Sends `hello` to `member` (`host:port`) on a new connection and gives the first
-/// bytes of the answer (up to `want`), if they come within [`LOOK_TIME`].
-async fn first_bytes(member: &str, hello: &[u8], want: usize) -> Option<Vec<u8>> {
+/// The host and port of `member` (`host:port`, an IPv6 address in brackets).
+fn member_host_port(member: &str) -> Option<(String, u16)> {
     let uri: Uri = format!("http://{member}").parse().ok()?;
-    let (host, port) = host_port(&uri)?;
-    let look = async {
-        let mut s = TcpStream::connect((host.as_str(), port)).await.ok()?;
-        s.write_all(hello).await.ok()?;
-        let mut answer = vec![0u8; want];
-        let mut got = 0;
-        while got < want {
-            match s.read(&mut answer[got..]).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => got += n,
-            }
-        }
-        answer.truncate(got);
-        Some(answer).filter(|a| !a.is_empty())
-    };
-    tokio::time::timeout(LOOK_TIME, look).await.ok().flatten()
+    host_port(&uri)
 }
 
 /// True when `member` answers a TLS ClientHello with a TLS record (a handshake
 /// message or an alert).
 pub async fn speaks_tls(member: &str) -> bool {
-    let Some(hello) = client_hello() else {
-        return false;
-    };
-    matches!(
-        first_bytes(member, &hello, 1).await.as_deref(),
-        Some([0x15 | 0x16])
-    )
+    match member_host_port(member) {
+        Some((host, port)) => probe::speaks_tls(&host, port).await,
+        None => false,
+    }
 }
 
 /// What a fresh TLS connection to `member` says when the handshake, or the first
@@ -162,7 +141,7 @@ pub async fn speaks_tls(member: &str) -> bool {
 /// certificate after our side of the handshake is done, so its refusal (an alert) comes
 /// with the first answer, where HTTP/2 keeps only its text; here it is read at once.
 /// `None` when the connection works, or cannot be made, or says nothing within
-/// [`LOOK_TIME`] (after the handshake, etcd sends its HTTP/2 SETTINGS at once).
+/// [`probe::LOOK_TIME`] (after the handshake, etcd sends its HTTP/2 SETTINGS at once).
 pub async fn tls_refusal(config: Arc<rustls::ClientConfig>, member: &str) -> Option<rustls::Error> {
     let uri: Uri = format!("https://{member}").parse().ok()?;
     let look = async {
@@ -177,7 +156,10 @@ pub async fn tls_refusal(config: Arc<rustls::ClientConfig>, member: &str) -> Opt
             Ok(_) => None,
         }
     };
-    tokio::time::timeout(LOOK_TIME, look).await.ok().flatten()
+    tokio::time::timeout(probe::LOOK_TIME, look)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// The rustls error an I/O error of tokio-rustls carries, if it carries one.
@@ -191,24 +173,11 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0
 /// True when `member` answers the HTTP/2 preface without TLS with an HTTP/2 SETTINGS
 /// frame (a 9-byte frame header of type 4), as a plain etcd port does.
 pub async fn speaks_plain_h2(member: &str) -> bool {
-    let answer = first_bytes(member, H2_PREFACE, 9).await;
+    let Some((host, port)) = member_host_port(member) else {
+        return false;
+    };
+    let answer = probe::first_bytes(&host, port, H2_PREFACE, 9).await;
     answer.is_some_and(|a| a.len() == 9 && a[3] == 0x04)
-}
-
-/// The bytes of a TLS ClientHello. No certificate is ever checked: the look ends at
-/// the first byte of the answer.
-fn client_hello() -> Option<Vec<u8>> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .ok()?
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth();
-    let name = ServerName::try_from("localhost").ok()?;
-    let mut conn = rustls::ClientConnection::new(Arc::new(config), name).ok()?;
-    let mut hello = Vec::new();
-    conn.write_tls(&mut hello).ok()?;
-    Some(hello)
 }
 
 #[cfg(test)]

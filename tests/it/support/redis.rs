@@ -89,7 +89,7 @@ impl RedisServer {
         })
     }
 
-    fn start_with(setup: Setup) -> Self {
+    fn start_with(mut setup: Setup) -> Self {
         serial::side_by_side();
         let dir = tempfile::Builder::new()
             .prefix("lockrun-redis-")
@@ -97,9 +97,17 @@ impl RedisServer {
             .expect("create redis dir");
         let mut last_err = String::new();
         // A free port can be taken by someone else before redis binds it: try a few.
-        for _ in 0..10 {
+        for attempt in 0..10 {
             let port = free_port();
             let tls_port = setup.tls.as_ref().map(|_| free_port());
+            if attempt > 0 {
+                // A Cluster node's bus port can be taken the same way: a new one too.
+                if let Some(i) = setup.args.iter().position(|a| a == "--cluster-port") {
+                    if let Some(bus) = setup.args.get_mut(i + 1) {
+                        *bus = free_port().to_string();
+                    }
+                }
+            }
             match spawn_redis(port, tls_port, dir.path(), &setup) {
                 Ok(child) => {
                     return RedisServer {
