@@ -17,6 +17,7 @@ use serde_json::Value;
 use crate::backend::{AcquireRequest, Backend, BackendError, Release};
 use crate::clock::{BootInstant, Timer};
 use crate::config::RunConfig;
+use crate::lease::Params;
 use crate::log::{emit, Event, Level};
 use crate::metrics::RunReport;
 use crate::outcome::Outcome;
@@ -87,6 +88,10 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
         }
     };
     let hold = backend.lock_fds(cfg.name.as_str());
+    // The guard knows the lease's deadline before the command exists (the supervise
+    // loop sends each later one).
+    let params = Params::new(cfg.ttl, cfg.renew_every, cfg.kill_after);
+    guard.deadline(params.deadline_from(taken.sent_at).since_boot());
     let ended = match Job::start(guard, &env, &hold, request_timeout(cfg.ttl)) {
         Ok(mut job) => {
             log_contained(&job);

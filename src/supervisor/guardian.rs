@@ -52,9 +52,15 @@ pub(super) fn main(sock: OwnedFd, argv: Vec<OsString>, lockrun: Pid) -> ! {
     };
     // lockrun died before it got here (or never asks: the lock was busy): nothing to
     // guard.
-    let (env, hold) = match wire::recv_to_guard(sock.as_fd(), true) {
-        Ok(Some((ToGuard::Spawn(env), hold))) => (env, hold),
-        _ => give_up(cgroup),
+    // The lease's first deadline comes before the order to start the command, so the
+    // job is never without one, even if lockrun is stopped the moment it starts.
+    let mut deadline = None;
+    let (env, hold) = loop {
+        match wire::recv_to_guard(sock.as_fd(), true) {
+            Ok(Some((ToGuard::Deadline(d), _))) => deadline = Some(d),
+            Ok(Some((ToGuard::Spawn(env), hold))) => break (env, hold),
+            _ => give_up(cgroup),
+        }
     };
     if getppid() != lockrun {
         give_up(cgroup);
@@ -62,7 +68,7 @@ pub(super) fn main(sock: OwnedFd, argv: Vec<OsString>, lockrun: Pid) -> ! {
     let (leader, cgroup) = start_and_report(&sock, &argv, &env, cgroup);
     // `hold` (the file lock's descriptors) stays open until the guard exits, after
     // the whole job is dead: the kernel keeps the lock taken until then.
-    watch(&sock, &sfd, leader, cgroup.as_ref(), &hold)
+    watch(&sock, &sfd, leader, cgroup.as_ref(), &hold, deadline)
 }
 
 /// Starts the command and tells lockrun its pid and cgroup (the cgroup is dropped if
@@ -196,10 +202,10 @@ fn watch(
     leader: Pid,
     cgroup: Option<&Cgroup>,
     _hold: &[OwnedFd],
+    mut deadline: Option<Duration>,
 ) -> ! {
     let mut leader_reported = false;
     let mut empty_reported = false;
-    let mut deadline: Option<Duration> = None;
     loop {
         let mut fds = [
             PollFd::new(sock.as_fd(), PollFlags::POLLIN),

@@ -2,7 +2,8 @@
 //! can look at the key itself: renewal keeps the key's expiry ahead; a definite loss (key
 //! flushed, another token in it, the server restarted empty) stops the command at once
 //! and leaves another owner's key alone; `--kill-signal` and `--kill-after`; a lockrun
-//! paused past its TTL kills its command as soon as it runs again; the lease counts from
+//! paused past its TTL kills its command as soon as it runs again (and its guard has
+//! killed it at the deadline meanwhile); the lease counts from
 //! the send time; transient errors within the lease are survived. (The backend down,
 //! hung, killed or frozen, for every backend, are in the conformance suite.)
 //!
@@ -297,6 +298,38 @@ fn kill_after_escalates_to_sigkill_on_loss() {
         took < Duration::from_millis(500 + 1000 + 3000),
         "lockrun took {took:?} to kill a TERM-ignoring command with --kill-after 1s"
     );
+}
+
+#[test]
+fn a_stopped_lockruns_guard_kills_its_command_by_the_lease_deadline() {
+    // lockrun SIGSTOPped (a debugger, a stuck system call) cannot kill at the deadline;
+    // its guard, which lockrun gave the deadline, does.
+    let redis = RedisServer::start();
+    let s = Scratch::new();
+    let reaper = Reaper::default();
+    let cmd = lockrun_run(&redis.url(), "job", &["--ttl", "2s"], &sh(SLEEPER));
+    let (mut lr, pid) = spawn_recording_pid(cmd, &s, &reaper);
+
+    // Every renewal lockrun sent was sent before this instant, so the deadline it gave
+    // the guard is at most a TTL later.
+    let stopped = Instant::now();
+    lr.signal(Signal::SIGSTOP);
+    wait_until(
+        "the command died while its lockrun was stopped",
+        WAIT,
+        || is_dead(pid),
+    );
+    let died = stopped.elapsed();
+    assert!(
+        died < Duration::from_millis(2000 + 300),
+        "the command of a stopped lockrun ran {died:?} after the stop (TTL 2s)"
+    );
+    assert!(
+        !is_dead(lr.pid()),
+        "lockrun itself is only stopped, not gone"
+    );
+    lr.signal(Signal::SIGCONT);
+    lr.wait().assert_failure(124);
 }
 
 #[test]
