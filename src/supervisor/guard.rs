@@ -43,7 +43,6 @@ use std::time::Duration;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, getpid, ForkResult, Pid};
 
 use super::cgroup::Cgroup;
@@ -206,25 +205,6 @@ const SETTLE: Duration = Duration::from_secs(5);
 /// SIGKILLs every process below lockrun, again until none is alive or `limit` passed;
 /// true when none is left.
 fn kill_descendants(limit: Duration) -> bool {
-    let me = getpid().as_raw();
     let until = std::time::Instant::now() + limit;
-    loop {
-        let live = tree::live_descendants(me);
-        if live.is_empty() {
-            return true;
-        }
-        if std::time::Instant::now() >= until {
-            return false;
-        }
-        for p in live {
-            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
-        }
-        // Reap what died, so that only the living are counted.
-        while let Ok(status) = waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-            if status == WaitStatus::StillAlive {
-                break;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    tree::kill_all(getpid().as_raw(), Some(until), || {})
 }

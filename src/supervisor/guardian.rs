@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
+use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::stat::Mode;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
@@ -318,22 +318,11 @@ fn contain_and_exit(cgroup: Option<&Cgroup>) -> ! {
 /// SIGKILLs every process of the job (the cgroup at once, and every process below the
 /// guard), again until no live one is left. Zombies are left for [`reap`].
 fn kill_job(cgroup: Option<&Cgroup>) {
-    let me = getpid().as_raw();
-    let mut pause = Duration::from_micros(200);
-    loop {
+    tree::kill_all(getpid().as_raw(), None, || {
         if let Some(c) = cgroup {
             let _ = c.kill();
         }
-        let live = tree::live_descendants(me);
-        if live.is_empty() {
-            return;
-        }
-        for p in live {
-            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(10));
-    }
+    });
 }
 
 /// Ends the guard without running anything of lockrun's (no destructors, no exit

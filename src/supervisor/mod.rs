@@ -183,14 +183,13 @@ impl Job {
         tree::signal(self.root(), sig, Some(self.leader.as_raw()));
     }
 
-    /// True when no process of the job runs any more (zombies do not count).
+    /// True when no process of the job runs any more (zombies do not count; nor does a
+    /// lost guard that lingers below lockrun).
     pub fn is_empty(&self) -> bool {
-        let root = self.root();
-        let me = getpid().as_raw();
         let guard = self.guard.pid().as_raw();
-        tree::live_descendants(root)
+        tree::live_descendants(self.root())
             .iter()
-            .all(|p| root == me && p.pid == guard)
+            .all(|p| p.pid == guard)
     }
 
     /// Tells the guard the lease's deadline (time since boot on `CLOCK_BOOTTIME`): if

@@ -16,6 +16,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs;
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::signal::{kill, Signal};
@@ -148,6 +149,28 @@ pub fn signal(root: i32, sig: Signal, skip_group: Option<i32>) -> usize {
         }
     }
     sent
+}
+
+/// SIGKILLs every live process below `root`, again until none is left (a process may
+/// fork while the tree is read) or `until` has passed; `each_pass` runs before each
+/// look (to kill a cgroup at once, say). True when none is left.
+pub fn kill_all(root: i32, until: Option<Instant>, mut each_pass: impl FnMut()) -> bool {
+    let mut pause = Duration::from_micros(200);
+    loop {
+        each_pass();
+        let live = live_descendants(root);
+        if live.is_empty() {
+            return true;
+        }
+        if until.is_some_and(|u| Instant::now() >= u) {
+            return false;
+        }
+        for p in live {
+            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(10));
+    }
 }
 
 #[cfg(test)]

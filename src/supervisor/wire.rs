@@ -218,29 +218,34 @@ impl Message for FromGuard {
     }
 }
 
-/// Sends one message with `fds` attached. Never raises SIGPIPE (the other side may be
-/// dead: that is an error, not a signal).
+/// Sends one message with `fds` attached, waiting for room in the socket. Never
+/// raises SIGPIPE (the other side may be dead: that is an error, not a signal).
 pub fn send(sock: BorrowedFd<'_>, msg: &impl Message, fds: &[RawFd]) -> io::Result<()> {
+    send_with(sock, msg, fds, MsgFlags::MSG_NOSIGNAL)
+}
+
+/// Sends one message without waiting: a full socket (a stopped guard) drops it.
+pub fn send_now(sock: BorrowedFd<'_>, msg: &impl Message) -> io::Result<()> {
+    send_with(
+        sock,
+        msg,
+        &[],
+        MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+    )
+}
+
+fn send_with(
+    sock: BorrowedFd<'_>,
+    msg: &impl Message,
+    fds: &[RawFd],
+    flags: MsgFlags,
+) -> io::Result<()> {
     let bytes = msg.bytes();
     let iov = [IoSlice::new(&bytes)];
     let rights = [ControlMessage::ScmRights(fds)];
     let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &rights };
     loop {
-        match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
-            Err(Errno::EINTR) => continue,
-            Ok(_) => return Ok(()),
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-/// Sends one message without waiting: a full socket (a stopped guard) drops it.
-pub fn send_now(sock: BorrowedFd<'_>, msg: &impl Message) -> io::Result<()> {
-    let bytes = msg.bytes();
-    let iov = [IoSlice::new(&bytes)];
-    let flags = MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT;
-    loop {
-        match sendmsg::<()>(sock.as_raw_fd(), &iov, &[], flags, None) {
+        match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, flags, None) {
             Err(Errno::EINTR) => continue,
             Ok(_) => return Ok(()),
             Err(e) => return Err(e.into()),
