@@ -106,8 +106,12 @@ impl Cgroup {
     }
 
     /// Removes it (it must be empty); a failure leaves an empty directory behind.
-    pub fn remove(&self) {
-        let _ = fs::remove_dir(&self.dir);
+    /// True once it is gone (removed now or before).
+    pub fn remove(&self) -> bool {
+        match fs::remove_dir(&self.dir) {
+            Ok(()) => true,
+            Err(e) => e.kind() == io::ErrorKind::NotFound,
+        }
     }
 }
 

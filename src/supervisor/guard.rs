@@ -38,7 +38,7 @@
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, Signal};
@@ -175,7 +175,7 @@ impl Guard {
     fn answers_within(&self, timeout: Duration) -> bool {
         let until = std::time::Instant::now() + timeout;
         loop {
-            let left = until.saturating_duration_since(std::time::Instant::now());
+            let left = until.saturating_duration_since(Instant::now());
             let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
             let mut fds = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
             match poll(&mut fds, PollTimeout::from(ms)) {
@@ -186,9 +186,24 @@ impl Guard {
         }
     }
 
-    /// Tells the guard the run is over: it lets go of the lock's descriptors and exits.
-    pub fn done(&self) {
-        let _ = wire::send(self.sock.as_fd(), &ToGuard::Done, &[]);
+    /// Tells the guard the run is over: it lets go of the lock's descriptors, removes
+    /// the cgroup and exits. Waits at most `limit` for it to be gone (its end of the
+    /// socket closed), so that nothing of the run outlives lockrun; true if it is.
+    pub fn done(&self, limit: Duration) -> bool {
+        if wire::send(self.sock.as_fd(), &ToGuard::Done, &[]).is_err() {
+            return true;
+        }
+        let until = Instant::now() + limit;
+        loop {
+            match self.try_report() {
+                Err(_) => return true,
+                Ok(Some(_)) => continue,
+                Ok(None) => {}
+            }
+            if !self.answers_within(until.saturating_duration_since(Instant::now())) {
+                return false;
+            }
+        }
     }
 
     /// The next report, if one is waiting (`Ok(None)`: none yet); `Err` when the guard
@@ -205,6 +220,6 @@ const SETTLE: Duration = Duration::from_secs(5);
 /// SIGKILLs every process below lockrun, again until none is alive or `limit` passed;
 /// true when none is left.
 fn kill_descendants(limit: Duration) -> bool {
-    let until = std::time::Instant::now() + limit;
+    let until = Instant::now() + limit;
     tree::kill_all(getpid().as_raw(), Some(until), || {})
 }

@@ -37,7 +37,7 @@ use std::io;
 use std::os::fd::{BorrowedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, SigSet, SigmaskHow, Signal};
@@ -184,12 +184,22 @@ impl Job {
     }
 
     /// True when no process of the job runs any more (zombies do not count; nor does a
-    /// lost guard that lingers below lockrun).
+    /// lost guard that lingers below lockrun). The tree is read one process at a time,
+    /// so one read can miss a process re-parented while it runs (from a dying guard to
+    /// lockrun, say): it takes two reads in a row that find nothing, and a cgroup with
+    /// no process in it, which the kernel counts at once.
     pub fn is_empty(&self) -> bool {
         let guard = self.guard.pid().as_raw();
-        tree::live_descendants(self.root())
-            .iter()
-            .all(|p| p.pid == guard)
+        let tree_empty = || {
+            tree::live_descendants(self.root())
+                .iter()
+                .all(|p| p.pid == guard)
+        };
+        let cgroup_empty = match &self.boundary {
+            Boundary::Cgroup(c) => c.pids().iter().all(|&p| p == guard),
+            Boundary::Tree => true,
+        };
+        tree_empty() && tree_empty() && cgroup_empty
     }
 
     /// Tells the guard the lease's deadline (time since boot on `CLOCK_BOOTTIME`): if
@@ -202,15 +212,28 @@ impl Job {
     }
 
     /// Tells the guard the job is over: it lets go of the lock's descriptors, removes
-    /// the cgroup and exits. With the guard gone, lockrun removes the cgroup itself.
+    /// the cgroup and exits; lockrun waits at most [`GUARD_EXIT`] for that, then removes
+    /// the cgroup itself if it is still there (the guard lost, or slow to end).
+    /// A cgroup still holding a zombie (an orphan of the job re-parented to lockrun
+    /// that it has not reaped yet) cannot be removed: lockrun reaps and tries again.
     pub fn done(&self) {
+        let until = Instant::now() + GUARD_EXIT;
         if !self.guard_gone {
-            self.guard.done();
-        } else if let Boundary::Cgroup(c) = &self.boundary {
-            c.remove();
+            self.guard.done(GUARD_EXIT);
+        }
+        if let Boundary::Cgroup(c) = &self.boundary {
+            while !c.remove() && Instant::now() < until {
+                reap(self.guard.pid(), self.leader);
+                std::thread::sleep(Duration::from_millis(5));
+            }
         }
     }
 }
+
+/// How long lockrun waits, once the job is gone, for the guard to end before it
+/// releases the lock and exits: the guard has nothing left to do but reap, remove the
+/// cgroup and exit, which takes well under a millisecond on an idle machine.
+const GUARD_EXIT: Duration = Duration::from_secs(2);
 
 /// Between fork and exec of the command (in the guard, when it is not born in a
 /// cgroup, see `spawn.rs`): ask for SIGKILL when the guard dies, never run if it is

@@ -191,6 +191,11 @@ fn case(b: &Backend, kill: Kill, on: On, shape: Shape, name: &str) -> String {
             is_dead(g)
         });
     }
+    if let Some(dir) = cgroup.as_ref().filter(|_| kill == Kill::PidNamespaceInit) {
+        // What a later lockrun would sweep once it is old: the test's own clean-up, so
+        // that runs of the suite do not pile empty cgroups up on the machine.
+        wait_until_quietly(|| fs::remove_dir(dir).is_ok() || !dir.exists());
+    }
     if let Some(dir) = cgroup.filter(|_| kill != Kill::PidNamespaceInit) {
         // Nothing left behind: the job's cgroup goes with it. (Not when the namespace's
         // init dies: the kernel kills the guard with the rest, and the next lockrun of
