@@ -4,15 +4,17 @@
 //! A backend fills a [`Holder`] with what it could read; a description it could not
 //! parse leaves empty fields (no host, pid 0, start time 0, fencing token 0), values a
 //! lockrun never writes. Those are unknown, not facts: the text leaves them out and
-//! JSON gives `null`, so no one reads "pid 0 since 1970". Pure functions; depends on
-//! [`crate::backend::Holder`] and `units::ms` only.
+//! JSON gives `null`, so no one reads "pid 0 since 1970". What a backend holds is
+//! untrusted: the text escapes control characters in the host name (JSON escapes its
+//! strings itself) and shows a start time past the year 9999 as invalid, never panics.
+//! Pure functions; depends on [`crate::backend::Holder`] and `units` only.
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use crate::backend::Holder;
-use crate::units::ms;
+use crate::units::{ms, printable};
 
 /// The fields of a [`Holder`] that are known.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,7 +25,8 @@ pub struct Known {
     pub pid: Option<u32>,
     /// Acquisition time, milliseconds since the Unix epoch (server clock).
     pub since_ms: Option<u64>,
-    /// The acquisition time as RFC 3339 (seconds, UTC).
+    /// The acquisition time as RFC 3339 (seconds, UTC); `None` if unknown or past the
+    /// year 9999 (then `since_ms` is still given).
     pub since: Option<String>,
     /// The fencing token of the holder's acquisition (never 0 when known).
     pub fencing_token: Option<u64>,
@@ -38,7 +41,7 @@ impl Known {
             host: (!h.host.is_empty()).then(|| h.host.clone()),
             pid: (h.pid != 0).then_some(h.pid),
             since_ms: (h.since_ms != 0).then_some(h.since_ms),
-            since: (h.since_ms != 0).then(|| h.since()),
+            since: (h.since_ms != 0).then(|| h.since()).flatten(),
             fencing_token: (h.fencing_token != 0).then_some(h.fencing_token),
             ttl_left: h.ttl_left,
         }
@@ -47,15 +50,17 @@ impl Known {
     /// Who holds it and since when: `held by web-1 pid 42 since 2024-05-01T10:00:00Z`,
     /// `held by pid 42`, `held (holder unknown)`.
     pub fn held(&self) -> String {
-        let who = match (&self.host, self.pid) {
+        let host = self.host.as_deref().map(printable);
+        let who = match (host, self.pid) {
             (Some(host), Some(pid)) => format!("held by {host} pid {pid}"),
             (Some(host), None) => format!("held by {host}"),
             (None, Some(pid)) => format!("held by pid {pid}"),
             (None, None) => "held (holder unknown)".to_owned(),
         };
-        match &self.since {
-            Some(since) => format!("{who} since {since}"),
-            None => who,
+        match (&self.since, self.since_ms) {
+            (Some(since), _) => format!("{who} since {since}"),
+            (None, Some(ms)) => format!("{who} since an invalid time ({ms} ms after 1970)"),
+            (None, None) => who,
         }
     }
 
@@ -168,6 +173,45 @@ mod tests {
         assert_eq!(
             Known::of(&host_since).held(),
             "held by web-1 since 2024-05-01T10:00:00Z"
+        );
+    }
+
+    #[test]
+    fn a_time_past_the_year_9999_is_shown_as_invalid() {
+        let far = Holder {
+            since_ms: 253_402_300_800_000,
+            ..full()
+        };
+        assert_eq!(
+            Known::of(&far).held(),
+            "held by web-1 pid 42 since an invalid time (253402300800000 ms after 1970)"
+        );
+        let v = status_json(
+            "job",
+            1,
+            &[Holder {
+                since_ms: u64::MAX,
+                ..full()
+            }],
+        );
+        assert!(v["since"].is_null(), "{v}");
+        assert_eq!(v["since_ms"], u64::MAX);
+    }
+
+    #[test]
+    fn a_host_with_control_characters_is_escaped_in_text_only() {
+        let forged = Holder {
+            host: "h\nlockrun: acquired lock \"job\"\u{1b}[2J".into(),
+            ..full()
+        };
+        let text = status_text("job", 1, std::slice::from_ref(&forged));
+        assert!(!text.contains('\n') && !text.contains('\u{1b}'), "{text}");
+        assert!(
+            text.starts_with("job: held by h\\nlockrun: acquired lock \"job\"\\u{1b}[2J pid 42")
+        );
+        assert_eq!(
+            status_json("job", 1, std::slice::from_ref(&forged))["host"],
+            forged.host.as_str()
         );
     }
 

@@ -193,7 +193,9 @@ impl Logger {
             return None;
         }
         Some(match self.format {
-            Format::Text => format!("lockrun: {msg}"),
+            // A text line is one line: whatever a message quotes from a server or a
+            // stored holder (a newline, a terminal escape) is shown escaped.
+            Format::Text => format!("lockrun: {}", crate::units::printable(msg)),
             Format::Json => {
                 let mut obj = Map::new();
                 let ts = humantime::format_rfc3339_micros(SystemTime::now()).to_string();
@@ -378,6 +380,20 @@ mod tests {
         );
         assert!(l.render(Level::Info, Event::Acquired, "x", &[]).is_none());
         assert!(l.render(Level::Error, Event::Error, "x", &[]).is_some());
+    }
+
+    #[test]
+    fn a_text_line_stays_one_line_whatever_it_quotes() {
+        let l = Logger::new(Format::Text, Level::Warn, "job");
+        let line = l
+            .render(
+                Level::Warn,
+                Event::Busy,
+                "held by h\nlockrun: acquired\u{1b}[2J",
+                &[],
+            )
+            .unwrap();
+        assert_eq!(line, "lockrun: held by h\\nlockrun: acquired\\u{1b}[2J");
     }
 
     #[test]

@@ -166,10 +166,10 @@ impl Holder {
         }
     }
 
-    /// The acquisition time as RFC 3339 (seconds, UTC), for messages.
-    pub fn since(&self) -> String {
-        let at = std::time::UNIX_EPOCH + Duration::from_millis(self.since_ms);
-        humantime::format_rfc3339_seconds(at).to_string()
+    /// The acquisition time as RFC 3339 (seconds, UTC), for messages; `None` past
+    /// the year 9999 (a stored time is whatever the backend holds).
+    pub fn since(&self) -> Option<String> {
+        crate::units::rfc3339_ms(self.since_ms)
     }
 }
 

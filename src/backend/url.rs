@@ -1,7 +1,7 @@
 //! What every backend shares about its URL: the [`Target`] a parser makes, the
 //! [`UrlContext`] it may read, the [`Kind`] line each backend adds to the registry,
 //! the [`UrlError`] it refuses a URL with, and the small parsers of URL pieces
-//! ([`host_list`], [`split_userinfo`]). A leaf of [`super`]: it depends on the backend
+//! ([`host_list`], [`split_userinfo`], [`percent_decode`]). A leaf of [`super`]: it depends on the backend
 //! trait ([`super::AnyBackend`]) only, never on a backend, the registry, the
 //! configuration or the command line.
 
@@ -134,6 +134,27 @@ pub fn split_userinfo(rest: &str) -> (Option<&str>, &str) {
     }
 }
 
+/// `%XX` decoded (a malformed escape is kept as it is), as text: what a URL's parser
+/// reads a query parameter as, and so what the password scrubber must read it as too.
+pub fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Checks a comma-separated `host:port[,host:port...]` list (port 1 to 65535, in
 /// decimal digits). `expected` is the URL form, for the message when it is malformed;
 /// port 0 has a message of its own ([`UrlError::PortZero`]).
@@ -183,6 +204,14 @@ pub(crate) mod testing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percent_escapes_are_decoded_and_malformed_ones_kept() {
+        assert_eq!(percent_decode("p%61ssword"), "password");
+        assert_eq!(percent_decode("%50ASS%2"), "PASS%2");
+        assert_eq!(percent_decode("a%zzb%"), "a%zzb%");
+        assert_eq!(percent_decode("%61"), "a");
+    }
 
     #[test]
     fn host_lists_need_a_port_on_every_host() {

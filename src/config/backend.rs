@@ -4,10 +4,11 @@
 //! password. Part of [`crate::config`]; logs (one warning about a password file others
 //! may read) through [`crate::log`].
 
-use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
+
+use nix::libc;
 
 use super::ConfigError;
 use crate::backend::registry::parse_urls;
@@ -77,7 +78,21 @@ fn read_password_file(path: &Path) -> Result<String, ConfigError> {
         path: path.display().to_string(),
         reason,
     };
-    let file = File::open(path).map_err(|e| refused(e.kind().to_string()))?;
+    // O_NONBLOCK: opening a FIFO with no writer would otherwise wait forever, and a
+    // run must fail in one line, not hang. Symlinks are followed (Kubernetes mounts a
+    // secret's file as one); what they lead to must be a regular file.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| refused(e.kind().to_string()))?;
+    let meta = file.metadata().map_err(|e| refused(e.kind().to_string()))?;
+    if !meta.is_file() {
+        return Err(refused(
+            "it is not a regular file (a FIFO, a device or a directory): give the path of a              file that holds the password"
+                .into(),
+        ));
+    }
     let mut bytes = Vec::new();
     (&file)
         .take(PASSWORD_FILE_MAX as u64 + 1)
@@ -94,9 +109,7 @@ fn read_password_file(path: &Path) -> Result<String, ConfigError> {
         return Err(refused("its first line, the password, is empty".into()));
     }
     // The mode of the file opened (not of the path, which may change meanwhile).
-    if let Ok(meta) = file.metadata() {
-        warn_if_shared(path, meta.mode());
-    }
+    warn_if_shared(path, meta.mode());
     Ok(password.to_owned())
 }
 
@@ -225,7 +238,31 @@ mod tests {
         }
         assert!(read(b"\xff\xfe").unwrap_err().contains("UTF-8"));
         let e = read_password_file(Path::new("/dev/zero")).unwrap_err();
-        assert!(e.to_string().contains("more than 4 KiB"), "{e}");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+
+    #[test]
+    fn a_password_file_that_is_a_fifo_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pw");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // Without a writer, a blocking open of the FIFO would never return: do it on a
+        // thread and wait a bounded time for its answer.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || tx.send(read_password_file(&path).map_err(|e| e.to_string())));
+        let answer = rx.recv_timeout(std::time::Duration::from_secs(10));
+        let e = answer
+            .expect("reading a FIFO as the password file hung")
+            .unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+        // A symlink to a regular file (a Kubernetes secret's mount) still works.
+        let real = dir.path().join("real");
+        std::fs::write(&real, "pw\n").unwrap();
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert_eq!(read_password_file(&link).unwrap(), "pw");
     }
 
     /// A backend that keeps no semaphores (none does today; a new one might).

@@ -8,6 +8,7 @@
 //! password from a file (`LOCKRUN_PASSWORD_FILE` stays). Part of [`crate::run`]; pure
 //! except [`changes`], which reads lockrun's environment.
 
+use crate::backend::url::percent_decode;
 use crate::supervisor::EnvChange;
 
 /// The environment variables the command gets besides lockrun's own, and the
@@ -105,7 +106,7 @@ fn host_port_ok(entry: &str) -> bool {
 }
 
 /// The path, query and fragment of a URL without the query parameters whose name has
-/// `pass` in it (`password=`, libpq's `sslpassword=`).
+/// `pass` in it (`password=`, libpq's `sslpassword=`, also when percent-encoded).
 fn tail_without_password(tail: &str) -> String {
     let (before_fragment, fragment) = match tail.split_once('#') {
         Some((b, f)) => (b, Some(f)),
@@ -116,7 +117,8 @@ fn tail_without_password(tail: &str) -> String {
             let kept: Vec<&str> = query
                 .split('&')
                 .filter(|p| {
-                    let name = p.split('=').next().unwrap_or("");
+                    // Decoded as the backend's parser decodes it: `p%61ssword` is one.
+                    let name = percent_decode(p.split('=').next().unwrap_or(""));
                     !name.to_ascii_lowercase().contains("pass")
                 })
                 .collect();
@@ -202,6 +204,10 @@ mod tests {
         assert_eq!(
             clean("postgres://db/app?PASSWORD=pw").as_deref(),
             Some("postgres://db/app")
+        );
+        assert_eq!(
+            clean("postgres://db/app?p%61ssword=pw&ssl%70assword=k&user=u").as_deref(),
+            Some("postgres://db/app?user=u")
         );
     }
 

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use super::PostgresBackend;
 use crate::backend::tls::ServerCheck;
-use crate::backend::url::{BackendConfig, UrlError};
+use crate::backend::url::{percent_decode, BackendConfig, UrlError};
 use crate::backend::url::{Kind, Target, UrlContext};
 use crate::backend::AnyBackend;
 use tls::tls;
@@ -232,28 +232,9 @@ fn split_params(url: &str) -> Result<(String, LibpqParams), UrlError> {
     Ok((rest, params))
 }
 
-/// `%XX` decoded (a malformed escape is kept as it is), as text.
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Checks a PostgreSQL URL and `--pg-table`; the context's password wins.
 pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<PostgresTarget, UrlError> {
+    check_one_at(url)?;
     let (url, params) = split_params(url)?;
     let mut config: tokio_postgres::Config = url.parse().map_err(|_| UrlError::BadUrl {
         expected: KIND.usage,
@@ -279,6 +260,22 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<PostgresTarget, UrlError
         tls,
         table: table.clone(),
     })
+}
+
+/// Refuses a raw `@` in the user or password: the URL's parser splits the user
+/// information at the first `@`, and the rest of a password would become the host,
+/// to be shown in every message. The URL itself is never echoed.
+fn check_one_at(url: &str) -> Result<(), UrlError> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    match authority.matches('@').count() {
+        0 | 1 => Ok(()),
+        _ => Err(UrlError::Backend(
+            "the PostgreSQL URL has more than one '@' before its host: write an '@' in the \
+             user name or password as %40"
+                .to_owned(),
+        )),
+    }
 }
 
 /// `name` or `schema.name`, each an unquoted SQL identifier of at most 63 bytes.

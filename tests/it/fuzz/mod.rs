@@ -11,12 +11,16 @@
 //!   Redis of the test's own): exit status in the documented set, and a refusal (what
 //!   the in-process check refused) is status 125 with exactly one line on stderr.
 //!
+//! `holders` does the same for stored holder records: hostile values in a lock's hash,
+//! then `status`, a run and `release --force` against them.
+//!
 //! `LOCKRUN_FUZZ_SEED` picks the seed (a fixed one by default, so that the suite is
 //! the same on every run; `LOCKRUN_FUZZ_SEED=random` draws a new one, printed on
 //! failure); `LOCKRUN_FUZZ_ITERS` (default 10000; the binary gets one case in 25) runs it
 //! longer: `LOCKRUN_FUZZ_ITERS=200000 cargo test --test it fuzz::`.
 
 mod gen;
+mod holders;
 
 use std::ffi::OsString;
 use std::panic::{catch_unwind, AssertUnwindSafe};

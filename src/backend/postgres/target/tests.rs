@@ -51,6 +51,23 @@ fn the_table_name_must_be_a_plain_identifier() {
 }
 
 /// Parses `url` with the environment `env` (name, value).
+#[test]
+fn a_raw_at_in_the_password_is_refused_without_echoing_it() {
+    let a = options();
+    for url in [
+        "postgres://u:MARK@x@127.0.0.1/db",
+        "postgresql://u@MARK:pw@h:5432/db?sslmode=disable",
+    ] {
+        let e = parse(url, &ctx(&a, None)).unwrap_err().to_string();
+        assert!(e.contains("%40") && !e.contains("MARK"), "{url}: {e}");
+    }
+    let pg = parse("postgres://u:MARK%40x@127.0.0.1/db", &ctx(&a, None)).unwrap();
+    assert_eq!(pg.display(), "127.0.0.1:5432");
+    assert_eq!(pg.config.get_password(), Some(&b"MARK@x"[..]));
+    // An `@` after the host (in the query) is not in the user information.
+    assert!(parse("postgres://h/db?application_name=a@b", &ctx(&a, None)).is_ok());
+}
+
 fn parse_env(url: &str, env: &[(&str, String)]) -> Result<PostgresTarget, UrlError> {
     let a = options();
     let env: Vec<(String, String)> = env
