@@ -114,9 +114,10 @@ impl LockDir {
             let file = File::from(fd);
             let meta = file.metadata().map_err(|e| self.io(name, &e))?;
             if !meta.file_type().is_file() {
-                return Err(self.refused_file(name, "it is not a regular file"));
+                return Err(self.refused_foreign(name, "it is not a regular file"));
             }
-            check_owner_and_mode(&meta, "it").map_err(|why| self.refused_file(name, &why))?;
+            check_file_owner_and_mode(&meta, &self.show(name))
+                .map_err(|why| self.refused_file(name, &why))?;
             let id = (meta.dev(), meta.ino());
             return Ok(Some(LockFile::new(file, id, created, self.show(name))));
         }
@@ -182,17 +183,27 @@ impl LockDir {
         BackendError::Unavailable(format!("cannot use the lock file {}: {e}", self.show(name)))
     }
 
+    /// A lock file lockrun will not use; `why` says what to do. The file holds the
+    /// lock's fencing counter: the advice never is to delete it.
     fn refused_file(&self, name: &str, why: &str) -> BackendError {
-        BackendError::Refused(format!(
-            "refusing the lock file {}: {why}; remove it (lockrun creates its own) or use \
-             another directory",
-            self.show(name)
-        ))
+        BackendError::Refused(format!("refusing the lock file {}: {why}", self.show(name)))
+    }
+
+    /// A lock file that lockrun never makes (a symlink, a FIFO...), so it holds no
+    /// counter of lockrun's and may go.
+    fn refused_foreign(&self, name: &str, why: &str) -> BackendError {
+        self.refused_file(
+            name,
+            &format!(
+                "{why}, which lockrun never makes; remove it (it holds no fencing counter: \
+                 lockrun creates its own) or use another directory"
+            ),
+        )
     }
 
     fn file_error(&self, name: &str, e: Errno) -> BackendError {
         match e {
-            Errno::ELOOP => self.refused_file(name, "it is a symbolic link"),
+            Errno::ELOOP => self.refused_foreign(name, "it is a symbolic link"),
             Errno::EACCES | Errno::EPERM | Errno::EROFS => BackendError::Refused(format!(
                 "cannot open the lock file {}: {}",
                 self.show(name),
@@ -218,6 +229,28 @@ fn check_owner_and_mode(meta: &std::fs::Metadata, what: &str) -> Result<(), Stri
     if mode & 0o022 != 0 {
         return Err(format!(
             "group or others may write {what} (mode {mode:04o}): chmod go-w it"
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a lock file (`shown`: its path) not owned by the effective user, or with
+/// any permission for group or others: one who may read it may also open it and hold
+/// a read lock on its bytes, which keeps every run of ours busy.
+fn check_file_owner_and_mode(meta: &std::fs::Metadata, shown: &str) -> Result<(), String> {
+    let euid = geteuid().as_raw();
+    if meta.uid() != euid {
+        return Err(format!(
+            "it belongs to uid {}, not to this user (uid {euid}): only files of this \
+             user's may hold its locks (chown {euid} {shown})",
+            meta.uid()
+        ));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "group or others may use it (mode {mode:04o}), and one who can open it can \
+             keep the lock busy: chmod 600 {shown}"
         ));
     }
     Ok(())

@@ -129,12 +129,16 @@ fn a_lock_file_that_is_not_a_regular_file_is_refused_without_hanging() {
 }
 
 #[test]
-fn a_lock_file_of_another_user_or_writable_by_others_is_refused() {
+fn a_lock_file_of_another_user_or_that_others_may_read_or_write_is_refused() {
     let f = FileService::start();
     run(lockrun_run(&f.lock_url(), "job", &[], &["true"])).assert_code(0);
     let file = f.lock_file("job");
-    fs::set_permissions(&file, fs::Permissions::from_mode(0o620)).unwrap();
-    refused(&f.lock_url(), "chmod go-w");
+    // Read is enough: one who may open the file may hold a read lock on byte 0, and
+    // every run would be busy.
+    for mode in [0o620, 0o640, 0o604] {
+        fs::set_permissions(&file, fs::Permissions::from_mode(mode)).unwrap();
+        refused(&f.lock_url(), &format!("chmod 600 {}", file.display()));
+    }
     fs::set_permissions(&file, fs::Permissions::from_mode(0o600)).unwrap();
     chown(&file, Some(NOBODY), None).unwrap();
     refused(&f.lock_url(), "belongs to uid 65534");
@@ -152,6 +156,14 @@ fn a_file_that_is_not_lockruns_is_refused_and_left_as_it_is() {
         fs::write(&file, text).unwrap();
         fs::set_permissions(&file, fs::Permissions::from_mode(0o600)).unwrap();
         refused(&f.lock_url(), "is not a lockrun lock file");
+        // Its advice keeps the counter: removing the file would start tokens at 1.
+        let out = run(lockrun_run(&f.lock_url(), "job", &[], &["true"]));
+        let line = out.lockrun_line().unwrap_or_default();
+        assert!(line.contains("repair it"), "{line}");
+        assert!(
+            !line.contains("remove") && !line.contains("move it away"),
+            "{line}"
+        );
         assert_eq!(
             fs::read_to_string(&file).unwrap(),
             text,
