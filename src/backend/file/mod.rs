@@ -89,6 +89,7 @@ mod record;
 mod slots;
 mod target;
 mod waiter;
+mod walk;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -3,7 +3,7 @@
 //! lockrun's (left as it is: no counter is ever reset), and URLs it cannot take.
 
 use std::fs;
-use std::os::unix::fs::{chown, symlink, PermissionsExt};
+use std::os::unix::fs::{chown, lchown, symlink, PermissionsExt};
 use std::path::Path;
 
 use super::admin;
@@ -102,6 +102,64 @@ fn a_directory_whose_parent_another_user_may_write_is_refused() {
         &["true"],
     ));
     ok.assert_code(0);
+}
+
+#[test]
+fn a_directory_under_another_users_open_directory_is_refused_before_it_is_made() {
+    let f = FileService::start();
+    for (name, owner, mode) in [("theirs", NOBODY, 0o777), ("shared", 0, 0o775)] {
+        let parent = f.root().join(name);
+        mkdir(&parent, mode);
+        chown(&parent, Some(owner), None).unwrap();
+        refused(
+            &url(&parent.join("locks")),
+            "would let another user move it",
+        );
+        assert!(
+            !parent.join("locks").exists(),
+            "the refused directory under {name} was made"
+        );
+    }
+}
+
+#[test]
+fn a_symlink_of_another_user_on_the_path_is_refused_and_nothing_is_made() {
+    let f = FileService::start();
+    // They could point it elsewhere between two runs: two lock directories, two
+    // holders at once.
+    let real = f.root().join("real");
+    mkdir(&real, 0o755);
+    let link = f.root().join("link");
+    symlink(&real, &link).unwrap();
+    lchown(&link, Some(NOBODY), Some(NOBODY)).unwrap();
+    refused(
+        &url(&link.join("locks")),
+        &format!(
+            "{} on its path is a symbolic link of uid 65534",
+            link.display()
+        ),
+    );
+    assert!(
+        !real.join("locks").exists(),
+        "the refused directory was made"
+    );
+}
+
+#[test]
+fn a_symlink_of_roots_on_the_path_is_followed() {
+    let f = FileService::start();
+    let real = f.root().join("real");
+    mkdir(&real, 0o755);
+    // Relative, through another link of root's, and with a `..`.
+    mkdir(&real.join("sub"), 0o755);
+    symlink("real/sub/..", f.root().join("link")).unwrap();
+    symlink(f.root().join("link"), f.root().join("link2")).unwrap();
+    let url = url(&f.root().join("link2/locks"));
+    run(lockrun_run(&url, "job", &[], &["true"])).assert_code(0);
+    assert!(real.join("locks/lockrun:=job").is_file());
+    let mut status = lockrun();
+    status.arg("status").arg("--url").arg(&url).arg("job");
+    run(status).assert_code(1);
 }
 
 #[test]
