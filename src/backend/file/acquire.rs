@@ -3,13 +3,12 @@
 //! durable write of the next fencing token. The checks and the write are shared with
 //! a semaphore's slots (`slots.rs`). Part of [`super`].
 
-use std::sync::OnceLock;
-
 use super::crashed;
 use super::dir::LockDir;
+use super::hold::{boot_id, Now};
 use super::lock::{is_locked, lock_record, try_lock, Byte, Kind};
 use super::lockfile::LockFile;
-use super::record::{is_boot_id, stored_host, HolderLine, Record};
+use super::record::{stored_host, HolderLine, Record};
 use super::waiter::Found;
 use super::{millis, now_ms, FileBackend, Held};
 use crate::backend::{slots_conflict, Acquire, AcquireRequest, BackendError};
@@ -55,7 +54,7 @@ impl FileBackend {
         remember: bool,
     ) -> Result<Acquire, BackendError> {
         let record = read_guarded(&file).await?;
-        let now = now_ms();
+        let now = Now::get();
         check_slots(&file, &record, 1, None, now)?;
         let holder = record.holder(true, now).unwrap_or_default();
         if remember {
@@ -83,7 +82,7 @@ impl FileBackend {
             return Ok(None);
         }
         let record = file.read()?;
-        let now = now_ms();
+        let now = Now::get();
         check_slots(&file, &record, 1, Some(0), now)?;
         if let Some(kept) = record.holder(false, now) {
             return Ok(Some((Acquire::Busy(kept), None)));
@@ -116,7 +115,7 @@ pub(super) fn check_slots(
     record: &Record,
     ours: u32,
     mine: Option<u32>,
-    now: u64,
+    now: Now,
 ) -> Result<(), BackendError> {
     if record.slots == ours {
         return Ok(());
@@ -176,6 +175,7 @@ pub(super) async fn write_ours(
         since_ms: now_ms(),
         ttl_ms: millis(req.ttl),
         hold_until_ms: 0,
+        hold_clock: None,
     });
     holders.sort_by_key(|h| h.slot);
     let ours = Record {
@@ -195,18 +195,6 @@ pub(super) async fn write_ours(
         }
     }
     Ok((fencing_token, ours))
-}
-
-/// This boot's id (Linux's `/proc/sys/kernel/random/boot_id`), read once; `None` if
-/// it cannot be read, and then every token is fsynced.
-fn boot_id() -> Option<&'static str> {
-    static BOOT: OnceLock<Option<String>> = OnceLock::new();
-    BOOT.get_or_init(|| {
-        let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
-        let id = id.trim();
-        is_boot_id(id).then(|| id.to_owned())
-    })
-    .as_deref()
 }
 
 /// What locking byte 0 gave.

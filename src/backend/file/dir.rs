@@ -1,29 +1,31 @@
-//! The lock directory: opened (and created if missing) without following a symlink,
-//! refused unless it is safe to keep locks in, and the lock files in it opened
-//! relative to it. Part of [`super`]; uses [`super::lockfile`] for the files.
+//! The lock directory: found (and created if missing) by [`super::walk`], which
+//! checks every step of its path, refused unless it is safe to keep locks in, and the
+//! lock files in it opened relative to it. Part of [`super`]; uses
+//! [`super::lockfile`] for the files.
 //!
 //! lockrun often runs as root, so the directory must not be a way in: it must be a
 //! real directory (not a symlink to one), owned by the effective user (root's must be
 //! root's), and writable by no one else, who could otherwise swap a lock file for
-//! another (two holders at once) or for a link to a file of root's; and the directories
-//! above it must not let another user move it or swap it for another (one with lower
-//! counters). Lock files are
-//! opened with `openat` from the directory's descriptor, `O_NOFOLLOW`, created `0600`,
-//! and refused unless they are regular files of the same owner that no one else may
-//! write. Every descriptor is `O_CLOEXEC`: the command inherits none.
+//! another (two holders at once) or for a link to a file of root's; the directories
+//! and symlinks on its path must not let another user move it or swap it for another
+//! (one with lower counters). Lock files are opened with `openat` from the directory's
+//! descriptor, `O_NOFOLLOW`, created `0600`, and refused unless they are regular files
+//! of the same owner that no one else may read or write (a reader could hold a read
+//! lock). Every descriptor is `O_CLOEXEC`: the command inherits none.
 
-use std::fs::{DirBuilder, File};
+use std::fs::File;
 use std::io::{ErrorKind, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
-use nix::fcntl::{openat, renameat, AtFlags, OFlag, AT_FDCWD};
+use nix::fcntl::{openat, renameat, AtFlags, OFlag};
 use nix::sys::stat::{fstatat, Mode};
 use nix::unistd::{geteuid, unlinkat, UnlinkatFlags};
 
 use super::lockfile::LockFile;
 use super::record::Record;
+use super::walk;
 use crate::backend::BackendError;
 
 /// An open, checked lock directory.
@@ -46,30 +48,15 @@ pub enum Open {
 }
 
 impl LockDir {
-    /// Opens and checks `path`; a missing directory is created (with its missing
-    /// parents, mode 0700, each fsynced into its parent) if `create`, else `None`.
+    /// Opens and checks `path` ([`walk::open_dir`]); a missing directory is created
+    /// (with its missing parents, mode 0700, each fsynced into its parent) if
+    /// `create`, else `None`.
     pub fn open(path: &Path, create: bool) -> Result<Option<LockDir>, BackendError> {
-        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        let fd = match openat(AT_FDCWD, path, flags, Mode::empty()) {
-            Err(Errno::ENOENT) if create => {
-                create_all(path).map_err(|e| match e.kind() {
-                    ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem => {
-                        refused(path, &format!("cannot create it: {e}"))
-                    }
-                    _ => unusable(path, &format!("cannot create it: {e}")),
-                })?;
-                openat(AT_FDCWD, path, flags, Mode::empty())
-            }
-            other => other,
-        };
-        let dir = match fd {
-            Ok(fd) => File::from(fd),
-            Err(Errno::ENOENT) => return Ok(None),
-            Err(e) => return Err(dir_error(path, e)),
+        let Some(dir) = walk::open_dir(path, create)? else {
+            return Ok(None);
         };
         let meta = dir.metadata().map_err(|e| unusable(path, &e.to_string()))?;
         check_owner_and_mode(&meta, "it").map_err(|why| refused(path, &why))?;
-        check_ancestors(path).map_err(|why| refused(path, &why))?;
         Ok(Some(LockDir {
             dir,
             path: path.to_owned(),
@@ -114,9 +101,10 @@ impl LockDir {
             let file = File::from(fd);
             let meta = file.metadata().map_err(|e| self.io(name, &e))?;
             if !meta.file_type().is_file() {
-                return Err(self.refused_file(name, "it is not a regular file"));
+                return Err(self.refused_foreign(name, "it is not a regular file"));
             }
-            check_owner_and_mode(&meta, "it").map_err(|why| self.refused_file(name, &why))?;
+            check_file_owner_and_mode(&meta, &self.show(name))
+                .map_err(|why| self.refused_file(name, &why))?;
             let id = (meta.dev(), meta.ino());
             return Ok(Some(LockFile::new(file, id, created, self.show(name))));
         }
@@ -182,17 +170,27 @@ impl LockDir {
         BackendError::Unavailable(format!("cannot use the lock file {}: {e}", self.show(name)))
     }
 
+    /// A lock file lockrun will not use; `why` says what to do. The file holds the
+    /// lock's fencing counter: the advice never is to delete it.
     fn refused_file(&self, name: &str, why: &str) -> BackendError {
-        BackendError::Refused(format!(
-            "refusing the lock file {}: {why}; remove it (lockrun creates its own) or use \
-             another directory",
-            self.show(name)
-        ))
+        BackendError::Refused(format!("refusing the lock file {}: {why}", self.show(name)))
+    }
+
+    /// A lock file that lockrun never makes (a symlink, a FIFO...), so it holds no
+    /// counter of lockrun's and may go.
+    fn refused_foreign(&self, name: &str, why: &str) -> BackendError {
+        self.refused_file(
+            name,
+            &format!(
+                "{why}, which lockrun never makes; remove it (it holds no fencing counter: \
+                 lockrun creates its own) or use another directory"
+            ),
+        )
     }
 
     fn file_error(&self, name: &str, e: Errno) -> BackendError {
         match e {
-            Errno::ELOOP => self.refused_file(name, "it is a symbolic link"),
+            Errno::ELOOP => self.refused_foreign(name, "it is a symbolic link"),
             Errno::EACCES | Errno::EPERM | Errno::EROFS => BackendError::Refused(format!(
                 "cannot open the lock file {}: {}",
                 self.show(name),
@@ -223,87 +221,30 @@ fn check_owner_and_mode(meta: &std::fs::Metadata, what: &str) -> Result<(), Stri
     Ok(())
 }
 
-/// Refuses a lock directory that another user could move away or swap for another
-/// (one with lower counters): every directory above it, on the path as given and on
-/// the path it resolves to, must belong to root or the effective user, and be
-/// writable by group or others only if it is sticky (as `/tmp` is: there only an
-/// entry's owner may rename it).
-fn check_ancestors(path: &Path) -> Result<(), String> {
+/// Refuses a lock file (`shown`: its path) not owned by the effective user, or with
+/// any permission for group or others: one who may read it may also open it and hold
+/// a read lock on its bytes, which keeps every run of ours busy.
+fn check_file_owner_and_mode(meta: &std::fs::Metadata, shown: &str) -> Result<(), String> {
     let euid = geteuid().as_raw();
-    let real = path.parent().and_then(|p| std::fs::canonicalize(p).ok());
-    let above = path.ancestors().skip(1);
-    for dir in above.chain(real.iter().flat_map(|r| r.ancestors())) {
-        // A symlink's own directory is checked as the next one up; its target, on the
-        // resolved path.
-        let Ok(meta) = std::fs::symlink_metadata(dir) else {
-            continue;
-        };
-        if meta.file_type().is_symlink() {
-            continue;
-        }
-        let mode = meta.mode() & 0o7777;
-        let owner_ok = meta.uid() == 0 || meta.uid() == euid;
-        let sticky = mode & 0o1000 != 0;
-        if !owner_ok || (mode & 0o022 != 0 && !sticky) {
-            return Err(format!(
-                "{} above it (uid {}, mode {mode:04o}) would let another user move it; \
-                 use a directory whose parents belong to root or this user and only \
-                 their owner may write (or are sticky, as /tmp)",
-                dir.display(),
-                meta.uid()
-            ));
-        }
+    if meta.uid() != euid {
+        return Err(format!(
+            "it belongs to uid {}, not to this user (uid {euid}): only files of this \
+             user's may hold its locks (chown {euid} {shown})",
+            meta.uid()
+        ));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "group or others may use it (mode {mode:04o}), and one who can open it can \
+             keep the lock busy: chmod 600 {shown}"
+        ));
     }
     Ok(())
-}
-
-/// Creates `path` and its missing parents, mode 0700, fsyncing each new entry into
-/// its parent so that the directory (and the counters in it) survive a crash.
-fn create_all(path: &Path) -> std::io::Result<()> {
-    let mut missing = Vec::new();
-    let mut at = path;
-    while let Err(e) = std::fs::symlink_metadata(at) {
-        if e.kind() != ErrorKind::NotFound {
-            return Err(e);
-        }
-        missing.push(at);
-        at = match at.parent() {
-            Some(p) => p,
-            None => break,
-        };
-    }
-    for dir in missing.into_iter().rev() {
-        match DirBuilder::new().mode(0o700).create(dir) {
-            Ok(()) => {}
-            // Another lockrun made it meanwhile: it is checked like any other.
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-        if let Some(parent) = dir.parent() {
-            File::open(parent)?.sync_all()?;
-        }
-    }
-    Ok(())
-}
-
-fn dir_error(path: &Path, e: Errno) -> BackendError {
-    // O_NOFOLLOW | O_DIRECTORY on a symlink answers ENOTDIR (or ELOOP): tell which.
-    let symlink = || std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
-    match e {
-        Errno::ELOOP | Errno::ENOTDIR if symlink() => refused(
-            path,
-            "it is a symbolic link; give the real directory's path",
-        ),
-        Errno::ELOOP | Errno::ENOTDIR => {
-            refused(path, "it (or a directory on its path) is not a directory")
-        }
-        Errno::EACCES | Errno::EPERM => refused(path, e.desc()),
-        _ => unusable(path, e.desc()),
-    }
 }
 
 /// A lock directory lockrun will not use, whatever happens: 125.
-fn refused(path: &Path, why: &str) -> BackendError {
+pub(super) fn refused(path: &Path, why: &str) -> BackendError {
     BackendError::Refused(format!(
         "refusing the lock directory {}: {why}",
         path.display()
@@ -311,7 +252,7 @@ fn refused(path: &Path, why: &str) -> BackendError {
 }
 
 /// A lock directory that cannot be used right now.
-fn unusable(path: &Path, why: &str) -> BackendError {
+pub(super) fn unusable(path: &Path, why: &str) -> BackendError {
     BackendError::Unavailable(format!(
         "cannot use the lock directory {}: {why}",
         path.display()

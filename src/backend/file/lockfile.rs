@@ -75,8 +75,10 @@ impl LockFile {
         self.len.set(len);
         Record::parse(&buf[..len]).map_err(|why| {
             BackendError::Refused(format!(
-                "{} is not a lockrun lock file ({why}): move it away, or use another \
-                 directory for lockrun's locks",
+                "{} is not a lockrun lock file ({why}): lockrun keeps the lock's fencing \
+                 counter in it and will not overwrite it; repair it (restore it from a \
+                 backup, or write a record whose fencing_token is at least the last token \
+                 handed out) or use another directory for lockrun's locks",
                 self.shown
             ))
         })

@@ -81,6 +81,7 @@
 mod acquire;
 mod crashed;
 mod dir;
+mod hold;
 mod line;
 mod lock;
 mod lockfile;
@@ -89,6 +90,7 @@ mod record;
 mod slots;
 mod target;
 mod waiter;
+mod walk;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -356,9 +358,10 @@ impl Backend for FileBackend {
                     .await
                     .map_err(|e| held.lock.io(&e.into()))?;
                 let mut kept = self.current_record(&held)?;
-                let until = now_ms().saturating_add(millis(keep.min(MAX_LEASE)) + 1);
+                let (until, clock) = hold::Now::get().hold_end(keep);
                 for h in kept.holders.iter_mut().filter(|h| h.slot == held.slot) {
                     h.hold_until_ms = until;
+                    h.hold_clock.clone_from(&clock);
                 }
                 held.lock.write(&kept)?;
                 held.lock.sync()

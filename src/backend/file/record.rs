@@ -18,9 +18,11 @@
 //! since_ms 1714557600000   (acquisition, wall clock)
 //! ttl_ms 30000             (the holder's --ttl: what status reports as left)
 //! hold_until_ms 0          (0, or the end of --hold-at-least, wall clock)
+//! hold_clock 5c1f...:93021 (only with a hold: its end on CLOCK_BOOTTIME of that boot)
 //! ```
 //!
-//! The six holder lines are all there or none (a released or broken lock keeps only
+//! The six holder lines (seven with a hold's `hold_clock`, see [`super::hold`]: an
+//! older lockrun refuses such a record, never misreads it) are all there or none (a released or broken lock keeps only
 //! its counter); the holder has slot 0 of 1, and its fencing token is the counter. An
 //! empty file is a lock file whose creator died before writing it: counter 0, no
 //! holder.
@@ -38,6 +40,7 @@
 //! slots 3
 //! holder slot=0 fencing_token=42 token=5f0c... host=web-1 pid=1234 since_ms=... ttl_ms=30000 hold_until_ms=0
 //! holder slot=2 fencing_token=44 token=9a1b... host=web-1 pid=1240 since_ms=... ttl_ms=30000 hold_until_ms=0
+//! holder slot=3 ... hold_until_ms=1714557630001 hold_clock=5c1f...:93021
 //! end 8c2e61d0a7f3b415
 //! ```
 //!
@@ -66,6 +69,7 @@ mod tests;
 
 use std::time::Duration;
 
+use super::hold::{self, HoldClock, Now};
 use crate::backend::Holder;
 use list::checksum;
 
@@ -135,20 +139,26 @@ pub struct HolderLine {
     /// 0, or until when the slot is kept after the holder let go (`--hold-at-least`),
     /// ms since the Unix epoch.
     pub hold_until_ms: u64,
+    /// The hold's end on a clock that does not step, if written by a lockrun that
+    /// keeps it so (see [`super::hold`]).
+    pub hold_clock: Option<HoldClock>,
 }
 
 impl HolderLine {
     /// How long `--hold-at-least` still keeps its slot (zero: not kept).
-    pub fn hold_left(&self, now_ms: u64) -> Duration {
-        Duration::from_millis(self.hold_until_ms.saturating_sub(now_ms))
+    pub fn hold_left(&self, now: Now) -> Duration {
+        if self.hold_until_ms == 0 {
+            return Duration::ZERO;
+        }
+        hold::hold_left(self.hold_until_ms, self.hold_clock.as_ref(), now)
     }
 
     /// The holder as `status` and a busy answer show it, of a lock of `slots` slots:
     /// `locked` says the kernel lock of its slot is held (the lease runs while its
     /// lockrun lives: its TTL is shown as left, since it renews continuously); else
     /// only a hold still to run counts, with the hold left. `None`: not a holder now.
-    pub fn shown(&self, slots: u32, locked: bool, now_ms: u64) -> Option<Holder> {
-        let hold_left = self.hold_left(now_ms);
+    pub fn shown(&self, slots: u32, locked: bool, now: Now) -> Option<Holder> {
+        let hold_left = self.hold_left(now);
         if !locked && hold_left.is_zero() {
             return None;
         }
@@ -177,9 +187,9 @@ impl Record {
     /// The holder of `slot` as shown (see [`HolderLine::shown`]); a slot locked by a
     /// lockrun that has not written its record yet shows an unknown holder of a lock
     /// of `slots` slots. `None`: free.
-    pub fn holder_of(&self, slot: u32, locked: bool, now_ms: u64, slots: u32) -> Option<Holder> {
+    pub fn holder_of(&self, slot: u32, locked: bool, now: Now, slots: u32) -> Option<Holder> {
         match self.entry(slot) {
-            Some(h) => h.shown(self.slots, locked, now_ms),
+            Some(h) => h.shown(self.slots, locked, now),
             None if locked => Some(Holder {
                 slot,
                 slots,
@@ -190,8 +200,8 @@ impl Record {
     }
 
     /// The holder of a plain lock (slot 0), as [`Record::holder_of`] shows it.
-    pub fn holder(&self, locked: bool, now_ms: u64) -> Option<Holder> {
-        self.holder_of(0, locked, now_ms, 1)
+    pub fn holder(&self, locked: bool, now: Now) -> Option<Holder> {
+        self.holder_of(0, locked, now, 1)
     }
 
     /// True if the record can be written in format 1: no holder, or the one holder of
@@ -222,6 +232,9 @@ impl Record {
                     "token {}\nhost {}\npid {}\nsince_ms {}\nttl_ms {}\nhold_until_ms {}\n",
                     h.token, h.host, h.pid, h.since_ms, h.ttl_ms, h.hold_until_ms
                 ));
+                if let Some(c) = &h.hold_clock {
+                    s.push_str(&format!("hold_clock {}\n", c.to_text()));
+                }
             }
             return s;
         }
@@ -229,9 +242,13 @@ impl Record {
         for h in &self.holders {
             s.push_str(&format!(
                 "holder slot={} fencing_token={} token={} host={} pid={} since_ms={} \
-                 ttl_ms={} hold_until_ms={}\n",
+                 ttl_ms={} hold_until_ms={}",
                 h.slot, h.fencing, h.token, h.host, h.pid, h.since_ms, h.ttl_ms, h.hold_until_ms
             ));
+            if let Some(c) = &h.hold_clock {
+                s.push_str(&format!(" hold_clock={}", c.to_text()));
+            }
+            s.push('\n');
         }
         s.push_str(&format!("end {:016x}\n", checksum(s.as_bytes())));
         s
@@ -275,7 +292,14 @@ impl Record {
         }
         let (fencing, reserved, boot) = counter_lines(&mut lines)?;
         let rest: Vec<&str> = lines.collect();
-        let holder = match rest.as_slice() {
+        let (rest, clock) = match rest.as_slice() {
+            [head @ .., last] if head.len() == 6 => (
+                head,
+                Some(HoldClock::parse(field(Some(last), "hold_clock")?)?),
+            ),
+            all => (all, None),
+        };
+        let holder = match rest {
             [] => None,
             [token, host, pid, since, ttl, hold] => Some(HolderLine {
                 slot: 0,
@@ -286,6 +310,7 @@ impl Record {
                 since_ms: number(field(Some(since), "since_ms")?)?,
                 ttl_ms: number(field(Some(ttl), "ttl_ms")?)?,
                 hold_until_ms: number(field(Some(hold), "hold_until_ms")?)?,
+                hold_clock: clock,
             }),
             _ => return Err("its holder lines are incomplete".to_owned()),
         };

@@ -12,11 +12,12 @@
 
 use super::acquire::{check_slots, write_ours};
 use super::dir::{LockDir, Open};
+use super::hold::Now;
 use super::line::Turn;
 use super::lock::{is_locked, lock_record, try_lock, Byte, Kind};
 use super::lockfile::LockFile;
 use super::record::Record;
-use super::{now_ms, FileBackend, Held, TRIES};
+use super::{FileBackend, Held, TRIES};
 use crate::backend::{Acquire, AcquireRequest, BackendError, Holder};
 
 /// What one try at a slot gave.
@@ -135,7 +136,7 @@ impl FileBackend {
             .await
             .map_err(|e| file.io(&e.into()))?;
         let record = file.read()?;
-        holders(&file, &record, self.slots, now_ms())
+        holders(&file, &record, self.slots, Now::get())
     }
 
     /// `release --force`: breaks every slot of `name` at once, keeping its counter (a new
@@ -158,7 +159,7 @@ impl FileBackend {
                 continue;
             }
             let record = file.read()?;
-            let broken = holders(&file, &record, self.slots, now_ms())?;
+            let broken = holders(&file, &record, self.slots, Now::get())?;
             if broken.is_empty() {
                 return Ok(broken);
             }
@@ -212,7 +213,7 @@ impl FileBackend {
             return Ok(Taken::Replaced);
         }
         let record = file.read()?;
-        let now = now_ms();
+        let now = Now::get();
         let n = self.slots;
         let (chosen, busy) = if behind {
             (None, holders(&file, &record, n, now)?)
@@ -248,7 +249,7 @@ fn lowest_free(
     file: &LockFile,
     record: &Record,
     slots: u32,
-    now: u64,
+    now: Now,
 ) -> Result<(Option<u32>, Vec<Holder>), BackendError> {
     let mut busy = Vec::new();
     for slot in 0..slots {
@@ -278,7 +279,7 @@ pub(super) fn holders(
     file: &LockFile,
     record: &Record,
     slots: u32,
-    now: u64,
+    now: Now,
 ) -> Result<Vec<Holder>, BackendError> {
     let mut all = Vec::new();
     for slot in 0..slots.max(record.slots) {
@@ -316,6 +317,7 @@ mod tests {
             since_ms: 0,
             ttl_ms: 30_000,
             hold_until_ms,
+            hold_clock: None,
         }
     }
 
@@ -323,7 +325,7 @@ mod tests {
     fn the_lowest_slot_neither_locked_nor_kept_is_taken() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l");
-        let now = 1_000_000;
+        let now = Now::wall(1_000_000);
         // Slot 0 locked by another lockrun, slot 1 kept by a hold, slot 2 left by a
         // crashed holder (its byte free, no hold): slot 2 is the lowest free.
         let other = open(&path);
@@ -331,7 +333,7 @@ mod tests {
         let record = Record {
             fencing: 7,
             slots: 4,
-            holders: vec![holder(0, 0), holder(1, now + 5000), holder(2, 0)],
+            holders: vec![holder(0, 0), holder(1, 1_005_000), holder(2, 0)],
             ..Record::default()
         };
         let ours = open(&path);

@@ -8,6 +8,7 @@
 //! slot free at once, waiters in order) in `slots`. The contract every backend keeps
 //! is tested in the conformance suite.
 
+mod hold;
 mod refusals;
 mod slots;
 

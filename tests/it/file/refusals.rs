@@ -3,7 +3,7 @@
 //! lockrun's (left as it is: no counter is ever reset), and URLs it cannot take.
 
 use std::fs;
-use std::os::unix::fs::{chown, symlink, PermissionsExt};
+use std::os::unix::fs::{chown, lchown, symlink, PermissionsExt};
 use std::path::Path;
 
 use super::admin;
@@ -105,6 +105,64 @@ fn a_directory_whose_parent_another_user_may_write_is_refused() {
 }
 
 #[test]
+fn a_directory_under_another_users_open_directory_is_refused_before_it_is_made() {
+    let f = FileService::start();
+    for (name, owner, mode) in [("theirs", NOBODY, 0o777), ("shared", 0, 0o775)] {
+        let parent = f.root().join(name);
+        mkdir(&parent, mode);
+        chown(&parent, Some(owner), None).unwrap();
+        refused(
+            &url(&parent.join("locks")),
+            "would let another user move it",
+        );
+        assert!(
+            !parent.join("locks").exists(),
+            "the refused directory under {name} was made"
+        );
+    }
+}
+
+#[test]
+fn a_symlink_of_another_user_on_the_path_is_refused_and_nothing_is_made() {
+    let f = FileService::start();
+    // They could point it elsewhere between two runs: two lock directories, two
+    // holders at once.
+    let real = f.root().join("real");
+    mkdir(&real, 0o755);
+    let link = f.root().join("link");
+    symlink(&real, &link).unwrap();
+    lchown(&link, Some(NOBODY), Some(NOBODY)).unwrap();
+    refused(
+        &url(&link.join("locks")),
+        &format!(
+            "{} on its path is a symbolic link of uid 65534",
+            link.display()
+        ),
+    );
+    assert!(
+        !real.join("locks").exists(),
+        "the refused directory was made"
+    );
+}
+
+#[test]
+fn a_symlink_of_roots_on_the_path_is_followed() {
+    let f = FileService::start();
+    let real = f.root().join("real");
+    mkdir(&real, 0o755);
+    // Relative, through another link of root's, and with a `..`.
+    mkdir(&real.join("sub"), 0o755);
+    symlink("real/sub/..", f.root().join("link")).unwrap();
+    symlink(f.root().join("link"), f.root().join("link2")).unwrap();
+    let url = url(&f.root().join("link2/locks"));
+    run(lockrun_run(&url, "job", &[], &["true"])).assert_code(0);
+    assert!(real.join("locks/lockrun:=job").is_file());
+    let mut status = lockrun();
+    status.arg("status").arg("--url").arg(&url).arg("job");
+    run(status).assert_code(1);
+}
+
+#[test]
 fn a_lock_file_that_is_a_symlink_is_refused_and_its_target_left_alone() {
     let f = FileService::start();
     mkdir(&f.dir(), 0o700);
@@ -129,12 +187,16 @@ fn a_lock_file_that_is_not_a_regular_file_is_refused_without_hanging() {
 }
 
 #[test]
-fn a_lock_file_of_another_user_or_writable_by_others_is_refused() {
+fn a_lock_file_of_another_user_or_that_others_may_read_or_write_is_refused() {
     let f = FileService::start();
     run(lockrun_run(&f.lock_url(), "job", &[], &["true"])).assert_code(0);
     let file = f.lock_file("job");
-    fs::set_permissions(&file, fs::Permissions::from_mode(0o620)).unwrap();
-    refused(&f.lock_url(), "chmod go-w");
+    // Read is enough: one who may open the file may hold a read lock on byte 0, and
+    // every run would be busy.
+    for mode in [0o620, 0o640, 0o604] {
+        fs::set_permissions(&file, fs::Permissions::from_mode(mode)).unwrap();
+        refused(&f.lock_url(), &format!("chmod 600 {}", file.display()));
+    }
     fs::set_permissions(&file, fs::Permissions::from_mode(0o600)).unwrap();
     chown(&file, Some(NOBODY), None).unwrap();
     refused(&f.lock_url(), "belongs to uid 65534");
@@ -152,6 +214,14 @@ fn a_file_that_is_not_lockruns_is_refused_and_left_as_it_is() {
         fs::write(&file, text).unwrap();
         fs::set_permissions(&file, fs::Permissions::from_mode(0o600)).unwrap();
         refused(&f.lock_url(), "is not a lockrun lock file");
+        // Its advice keeps the counter: removing the file would start tokens at 1.
+        let out = run(lockrun_run(&f.lock_url(), "job", &[], &["true"]));
+        let line = out.lockrun_line().unwrap_or_default();
+        assert!(line.contains("repair it"), "{line}");
+        assert!(
+            !line.contains("remove") && !line.contains("move it away"),
+            "{line}"
+        );
         assert_eq!(
             fs::read_to_string(&file).unwrap(),
             text,

@@ -2,6 +2,7 @@
 //! list and its checksum (see [`super`]). Part of [`super`].
 
 use super::{counter_lines, field, host_value, number, pid_value, token_value, HolderLine, Record};
+use crate::backend::file::hold::HoldClock;
 use crate::backend::MAX_SLOTS;
 
 /// Parses a format 2 record (see the module documentation). The head (the counter
@@ -99,6 +100,18 @@ fn holder_line(line: &str) -> Result<HolderLine, String> {
         since_ms: number(next("since_ms")?)?,
         ttl_ms: number(next("ttl_ms")?)?,
         hold_until_ms: number(next("hold_until_ms")?)?,
+        hold_clock: None,
+    };
+    let clock = match parts.next() {
+        None => return Ok(h),
+        Some(p) => p.strip_prefix("hold_clock="),
+    };
+    let h = HolderLine {
+        hold_clock: match clock {
+            Some(c) => Some(HoldClock::parse(c)?),
+            None => return Err("a holder line has more than its fields".to_owned()),
+        },
+        ..h
     };
     match parts.next() {
         None => Ok(h),

@@ -15,6 +15,7 @@ fn line(slot: u32, fencing: u64) -> HolderLine {
         since_ms: 1_714_557_600_000,
         ttl_ms: 30_000,
         hold_until_ms: 0,
+        hold_clock: None,
     }
 }
 
@@ -120,18 +121,19 @@ fn anything_else_is_refused() {
 
 #[test]
 fn the_holder_is_shown_while_locked_or_kept() {
-    let now = 1_714_557_601_000;
+    let ms = 1_714_557_601_000;
+    let now = Now::wall(ms);
     let mut r = held();
     assert_eq!(r.holder(false, now), None);
     let h = r.holder(true, now).unwrap();
     assert_eq!((h.pid, h.fencing_token), (1234, 42));
     assert_eq!(h.ttl_left, Duration::from_secs(30));
-    r.holders[0].hold_until_ms = now + 1500;
+    r.holders[0].hold_until_ms = ms + 1500;
     assert_eq!(
         r.holder(false, now).unwrap().ttl_left,
         Duration::from_millis(1500)
     );
-    assert_eq!(r.holder(false, now + 1500), None);
+    assert_eq!(r.holder(false, Now::wall(ms + 1500)), None);
     let free = Record {
         fencing: 3,
         ..Record::default()
@@ -225,7 +227,7 @@ fn a_semaphore_lists_its_holders_by_slot_each_with_its_token() {
     assert!(text.contains("\nholder slot=2 fencing_token=44 "), "{text}");
     let end = text.lines().last().unwrap();
     assert!(end.starts_with("end ") && end.len() == 20, "{end}");
-    let now = 1_714_557_601_000;
+    let now = Now::wall(1_714_557_601_000);
     assert_eq!(r.holder_of(1, false, now, 3), None);
     let unknown = r.holder_of(1, true, now, 3).unwrap();
     assert_eq!((unknown.slot, unknown.slots, unknown.pid), (1, 3, 0));
@@ -246,7 +248,7 @@ fn a_record_of_an_older_lockrun_is_a_plain_lock() {
     let r = Record::parse(old.as_bytes()).unwrap();
     assert_eq!((r.slots, r.holders.len()), (1, 1));
     assert_eq!((r.holders[0].slot, r.holders[0].fencing), (0, 42));
-    let h = r.holder(true, 1_714_557_601_000).unwrap();
+    let h = r.holder(true, Now::wall(1_714_557_601_000)).unwrap();
     assert_eq!((h.slot, h.slots, h.fencing_token), (0, 1, 42));
     // Written back unchanged, byte for byte: a plain lock is what it always was.
     assert_eq!(r.to_text(), old);
@@ -314,4 +316,55 @@ fn a_torn_semaphore_record_keeps_its_counter_and_forgets_its_holders() {
     let short = semaphore().to_bytes(0);
     let kept = [&short[..], &old[short.len()..]].concat();
     assert_eq!(Record::parse(&kept), Ok(semaphore()));
+}
+
+#[test]
+fn a_hold_is_kept_on_boottime_during_its_boot_and_on_the_wall_clock_after() {
+    let now = Now {
+        wall_ms: 1_714_557_601_000,
+        boot: Some(BOOT),
+        boottime_ms: 90_000,
+    };
+    let (until, clock) = now.hold_end(Duration::from_secs(20));
+    let mut r = held();
+    r.holders[0].hold_until_ms = until;
+    r.holders[0].hold_clock = clock;
+    // Written and read back, in both formats.
+    let text = r.to_text();
+    assert!(
+        text.contains(&format!("\nhold_clock {BOOT}:110001\n")),
+        "{text}"
+    );
+    assert_eq!(Record::parse(text.as_bytes()).unwrap(), r);
+    assert!(Record::parse(text.replace(":110001", ":x").as_bytes()).is_err());
+    let mut two = semaphore();
+    two.holders[1] = r.holders[0].clone();
+    two.holders[1].slot = 2;
+    two.holders[1].fencing = 44;
+    let text = two.to_text();
+    assert!(
+        text.contains(&format!(" hold_clock={BOOT}:110001\nend ")),
+        "{text}"
+    );
+    assert_eq!(Record::parse(text.as_bytes()).unwrap(), two);
+    let left = |n: Now| r.holder(false, n).map(|h| h.ttl_left.as_millis());
+    assert_eq!(left(now), Some(20_001));
+    // A wall clock stepped forward (or back) changes nothing within the boot.
+    let stepped = Now {
+        wall_ms: now.wall_ms + 300_000,
+        ..now
+    };
+    assert_eq!(left(stepped), Some(20_001));
+    let later = Now {
+        boottime_ms: 100_000,
+        ..stepped
+    };
+    assert_eq!(left(later), Some(10_001));
+    // Another boot: CLOCK_BOOTTIME started again, the wall clock is what is left.
+    let rebooted = Now {
+        wall_ms: now.wall_ms + 5_000,
+        boot: Some("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"),
+        boottime_ms: 1_000,
+    };
+    assert_eq!(left(rebooted), Some(15_001));
 }
