@@ -14,7 +14,8 @@ use crate::outcome::Outcome;
 /// The timeout of each request of these commands.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
-/// `lockrun status`: prints who holds `name` (every holder, with `--slots N`);
+/// `lockrun status`: prints who holds `name` (every holder, with `--slots N`) and how
+/// its last run ended, where the backend keeps that;
 /// [`Outcome::Held`] by at least one, [`Outcome::Free`], or [`Outcome::Failed`].
 pub async fn status<B: Backend>(backend: &B, name: &str, slots: u32, as_json: bool) -> Outcome {
     let mut holders = match tokio::time::timeout(TIMEOUT, backend.inspect(name)).await {
@@ -26,9 +27,14 @@ pub async fn status<B: Backend>(backend: &B, name: &str, slots: u32, as_json: bo
         return error(&msg);
     }
     holders.sort_by_key(|h| h.slot);
+    let last = match tokio::time::timeout(TIMEOUT, backend.last_run(name)).await {
+        Ok(Ok(last)) => last,
+        Ok(Err(e)) => return error(&e.to_string()),
+        Err(_) => return error("the backend did not answer within 5s"),
+    };
     let out = match as_json {
-        true => status_json(name, slots, &holders).to_string(),
-        false => status_text(name, slots, &holders),
+        true => status_json(name, slots, &holders, last.as_ref()).to_string(),
+        false => status_text(name, slots, &holders, last.as_ref()),
     };
     println!("{out}");
     if holders.is_empty() {

@@ -45,7 +45,7 @@ pub struct Cli {
 pub enum Command {
     /// Run COMMAND while holding the lock NAME (the default subcommand).
     Run(RunArgs),
-    /// Show who holds the lock NAME (exit 0 held, 1 free, 125 error).
+    /// Show who holds the lock NAME and how its last run ended (exit 0 held, 1 free, 125 error).
     Status(StatusArgs),
     /// Break the lock NAME whoever holds it (operator override; needs --force).
     Release(ReleaseArgs),

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::backend::Holder;
-use crate::units::{ms, printable};
+use crate::backend::{Holder, RunRecord};
+use crate::units::{ms, printable, rfc3339_ms};
 
 /// The fields of a [`Holder`] that are known.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,10 +75,54 @@ impl Known {
     }
 }
 
+/// A time from the store as RFC 3339, or the raw number when no calendar can write it.
+fn time_or_raw(ms: u64) -> String {
+    rfc3339_ms(ms).unwrap_or_else(|| format!("an invalid time ({ms} ms after 1970)"))
+}
+
+/// The last run, for the text of `status` and `list`: `web-1 pid 42, fencing token 7,
+/// slot 1, 2024-05-01T10:00:00Z to 2024-05-01T10:00:05Z, exit status 3 (exited)`.
+pub fn last_run_text(r: &RunRecord) -> String {
+    let slot = match r.slot {
+        0 => String::new(),
+        n => format!(", slot {n}"),
+    };
+    format!(
+        "{} pid {}, fencing token {}{slot}, {} to {}, exit status {} ({})",
+        printable(&r.host),
+        r.pid,
+        r.fencing_token,
+        time_or_raw(r.started_ms),
+        time_or_raw(r.ended_ms),
+        r.exit_status,
+        printable(&r.ended_by)
+    )
+}
+
+/// The last run as `status --json` and `list --json` give it (`null` when none).
+pub fn last_run_json(r: Option<&RunRecord>) -> Value {
+    let Some(r) = r else { return Value::Null };
+    json!({
+        "host": r.host, "pid": r.pid, "fencing_token": r.fencing_token, "slot": r.slot,
+        "started": rfc3339_ms(r.started_ms), "ended": rfc3339_ms(r.ended_ms),
+        "started_ms": r.started_ms, "ended_ms": r.ended_ms,
+        "exit_status": r.exit_status, "ended_by": r.ended_by,
+    })
+}
+
 /// The `lockrun status` text for lock `name` of `slots` slots held by `holders`
-/// (sorted by slot; empty when free): one line for a plain lock, as before
-/// semaphores; with `--slots N`, a count, then one indented line per holder.
-pub fn status_text(name: &str, slots: u32, holders: &[Holder]) -> String {
+/// (sorted by slot; empty when free), then its last run (an indented line) where the
+/// backend keeps one: one line for a plain lock, as before semaphores; with
+/// `--slots N`, a count, then one indented line per holder.
+pub fn status_text(name: &str, slots: u32, holders: &[Holder], last: Option<&RunRecord>) -> String {
+    let mut out = holders_text(name, slots, holders);
+    if let Some(r) = last {
+        out.push_str(&format!("\n  last run: {}", last_run_text(r)));
+    }
+    out
+}
+
+fn holders_text(name: &str, slots: u32, holders: &[Holder]) -> String {
     match (slots, holders) {
         (1, []) => format!("{name}: free"),
         (1, [h, ..]) => format!("{name}: {}", Known::of(h).summary()),
@@ -96,7 +140,13 @@ pub fn status_text(name: &str, slots: u32, holders: &[Holder]) -> String {
 /// `holders` (sorted by slot; empty when free). The top-level holder fields are
 /// those of the lowest slot held (the only one of a plain lock); `holders` lists
 /// every one, with its slot.
-pub fn status_json(name: &str, slots: u32, holders: &[Holder]) -> Value {
+pub fn status_json(name: &str, slots: u32, holders: &[Holder], last: Option<&RunRecord>) -> Value {
+    let mut v = holders_json(name, slots, holders);
+    v["last_run"] = last_run_json(last);
+    v
+}
+
+fn holders_json(name: &str, slots: u32, holders: &[Holder]) -> Value {
     let each: Vec<Value> = holders
         .iter()
         .map(|h| {
@@ -193,6 +243,7 @@ mod tests {
                 since_ms: u64::MAX,
                 ..full()
             }],
+            None,
         );
         assert!(v["since"].is_null(), "{v}");
         assert_eq!(v["since_ms"], u64::MAX);
@@ -204,26 +255,26 @@ mod tests {
             host: "h\nlockrun: acquired lock \"job\"\u{1b}[2J".into(),
             ..full()
         };
-        let text = status_text("job", 1, std::slice::from_ref(&forged));
+        let text = status_text("job", 1, std::slice::from_ref(&forged), None);
         assert!(!text.contains('\n') && !text.contains('\u{1b}'), "{text}");
         assert!(
             text.starts_with("job: held by h\\nlockrun: acquired lock \"job\"\\u{1b}[2J pid 42")
         );
         assert_eq!(
-            status_json("job", 1, std::slice::from_ref(&forged))["host"],
+            status_json("job", 1, std::slice::from_ref(&forged), None)["host"],
             forged.host.as_str()
         );
     }
 
     #[test]
     fn json_gives_null_for_what_is_unknown() {
-        let v = status_json("job", 1, &[Holder::default()]);
+        let v = status_json("job", 1, &[Holder::default()], None);
         assert_eq!(v["held"], true);
         for key in ["host", "pid", "since", "since_ms", "fencing_token"] {
             assert!(v[key].is_null(), "{key}: {v}");
         }
         assert_eq!(v["ttl_ms"], 0);
-        let v = status_json("job", 1, &[full()]);
+        let v = status_json("job", 1, &[full()], None);
         assert_eq!(v["host"], "web-1");
         assert_eq!(v["pid"], 42);
         assert_eq!(v["since"], "2024-05-01T10:00:00Z");
@@ -233,8 +284,46 @@ mod tests {
     }
 
     #[test]
+    fn the_last_run_is_a_line_of_its_own_and_an_object_in_json() {
+        let last = RunRecord {
+            host: "web-2\u{1b}[2J".into(),
+            pid: 9,
+            fencing_token: 8,
+            slot: 0,
+            started_ms: 1_714_557_600_000,
+            ended_ms: 1_714_557_605_000,
+            exit_status: 3,
+            ended_by: "exited".into(),
+        };
+        assert_eq!(
+            status_text("job", 1, &[], Some(&last)),
+            "job: free\n  last run: web-2\\u{1b}[2J pid 9, fencing token 8, \
+             2024-05-01T10:00:00Z to 2024-05-01T10:00:05Z, exit status 3 (exited)"
+        );
+        let v = status_json("job", 1, &[full()], Some(&last));
+        assert_eq!(v["held"], true);
+        let l = &v["last_run"];
+        assert_eq!(
+            (l["fencing_token"].clone(), l["exit_status"].clone()),
+            (json!(8), json!(3))
+        );
+        assert_eq!(l["started"], "2024-05-01T10:00:00Z");
+        assert_eq!(l["ended"], "2024-05-01T10:00:05Z");
+        assert_eq!(l["host"], "web-2\u{1b}[2J", "JSON escapes it itself");
+        assert!(status_json("job", 1, &[], None)["last_run"].is_null());
+        let far = RunRecord {
+            slot: 2,
+            ended_ms: u64::MAX,
+            ..last
+        };
+        assert!(last_run_text(&far).contains(", slot 2, "));
+        assert!(last_run_text(&far).contains("to an invalid time"));
+        assert!(last_run_json(Some(&far))["ended"].is_null());
+    }
+
+    #[test]
     fn json_of_a_free_lock() {
-        let v = status_json("job", 1, &[]);
+        let v = status_json("job", 1, &[], None);
         assert_eq!(v["held"], false);
         assert_eq!(v["name"], "job");
         assert!(v["host"].is_null() && v["fencing_token"].is_null());
@@ -249,16 +338,16 @@ mod tests {
             ..full()
         };
         let first = Holder { slots: 3, ..full() };
-        let text = status_text("job", 3, &[first.clone(), second.clone()]);
+        let text = status_text("job", 3, &[first.clone(), second.clone()], None);
         assert_eq!(
             text,
             "job: 2 of 3 slots held\n  slot 0: held by web-1 pid 42 since \
              2024-05-01T10:00:00Z, fencing token 7, 2s left\n  slot 2: held by web-1 pid 42 \
              since 2024-05-01T10:00:00Z, fencing token 9, 2s left"
         );
-        assert_eq!(status_text("job", 3, &[]), "job: 0 of 3 slots held");
-        assert_eq!(status_text("job", 1, &[]), "job: free");
-        let v = status_json("job", 3, &[first, second]);
+        assert_eq!(status_text("job", 3, &[], None), "job: 0 of 3 slots held");
+        assert_eq!(status_text("job", 1, &[], None), "job: free");
+        let v = status_json("job", 3, &[first, second], None);
         assert_eq!(
             (v["held"].clone(), v["slots"].clone()),
             (json!(true), json!(3))
@@ -272,6 +361,6 @@ mod tests {
             .collect();
         assert_eq!(slots, [json!(0), json!(2)]);
         assert_eq!(v["holders"][1]["fencing_token"], 9);
-        assert_eq!(status_json("job", 3, &[])["holders"], json!([]));
+        assert_eq!(status_json("job", 3, &[], None)["holders"], json!([]));
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::backend::{AcquireRequest, Backend, BackendError, Release};
+use crate::backend::{AcquireRequest, Backend, BackendError, EndedBy, Release, RunEnd};
 use crate::clock::{BootInstant, Timer};
 use crate::config::RunConfig;
 use crate::lease::Params;
@@ -104,7 +104,7 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
     };
     let hold = BootInstant::now().saturating_since(taken.sent_at);
     if ended.lease == LeaseAtEnd::Ours {
-        release(cfg, backend, &taken.token, hold).await;
+        release(cfg, backend, &taken.token, hold, run_end(ended.outcome)).await;
     }
     let code = ended.outcome.exit_code();
     let fields = [("hold_ms", millis(hold)), ("exit_code", code.into())];
@@ -243,16 +243,44 @@ fn spawn_failed(cfg: &RunConfig, e: SpawnError) -> Ended {
     }
 }
 
+/// How the run ended, for its record in the backend.
+fn run_end(outcome: Outcome) -> RunEnd {
+    let ended_by = match outcome {
+        Outcome::Exited(_) => EndedBy::Exited,
+        Outcome::Signaled(_) | Outcome::Interrupted(_) => EndedBy::Signal,
+        Outcome::LockLost => EndedBy::Lost,
+        Outcome::MaxRuntime => EndedBy::MaxRuntime,
+        Outcome::Failed
+        | Outcome::CannotExecute
+        | Outcome::NotFound
+        | Outcome::Busy(_)
+        | Outcome::Held
+        | Outcome::Free
+        | Outcome::ForceReleased => EndedBy::NotStarted,
+    };
+    RunEnd {
+        exit_status: outcome.exit_code(),
+        ended_by,
+    }
+}
+
 /// Gives the lock back (or shortens it to `--hold-at-least`), after the whole group
-/// is gone. A failure here only delays the next holder by at most the TTL.
-async fn release<B: Backend>(cfg: &RunConfig, backend: &B, token: &str, held: Duration) {
+/// is gone, leaving the run's record (`end`) where the backend keeps one. A failure
+/// here only delays the next holder by at most the TTL.
+async fn release<B: Backend>(
+    cfg: &RunConfig,
+    backend: &B,
+    token: &str,
+    held: Duration,
+    end: RunEnd,
+) {
     let how = match cfg.hold_at_least.checked_sub(held) {
         Some(left) if !left.is_zero() => Release::KeepFor(left),
         _ => Release::Now,
     };
     let reply = tokio::time::timeout(
         request_timeout(cfg.ttl),
-        backend.release(cfg.name.as_str(), token, how),
+        backend.release(cfg.name.as_str(), token, how, Some(end)),
     )
     .await;
     let fields = [("hold_ms", millis(held))];

@@ -27,7 +27,7 @@ end
 complete -c lockrun -n "__fish_lockrun_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s V -l version -d 'Print version'
 complete -c lockrun -n "__fish_lockrun_needs_command" -f -a "run" -d 'Run COMMAND while holding the lock NAME (the default subcommand)'
-complete -c lockrun -n "__fish_lockrun_needs_command" -f -a "status" -d 'Show who holds the lock NAME (exit 0 held, 1 free, 125 error)'
+complete -c lockrun -n "__fish_lockrun_needs_command" -f -a "status" -d 'Show who holds the lock NAME and how its last run ended (exit 0 held, 1 free, 125 error)'
 complete -c lockrun -n "__fish_lockrun_needs_command" -f -a "release" -d 'Break the lock NAME whoever holds it (operator override; needs --force)'
 complete -c lockrun -n "__fish_lockrun_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c lockrun -n "__fish_lockrun_using_subcommand run" -l url -d 'Backend URL: redis://[user:pass@]host:port[/db] (rediss:// for TLS; any node of a Redis Cluster, or several: redis+cluster://[user:pass@]host:port,host:port); redis+sentinel://[user:pass@]host:port[,...]/MASTER[/db] (rediss+sentinel:// for TLS; LOCKRUN_SENTINEL_PASSWORD if the Sentinels\' password is not the master\'s); postgres://[user[:pass]@]host[:port][,...]/db[?param=value&...] (or postgresql://; sslmode, sslrootcert, sslcert, sslkey, channel_binding as in libpq); etcd://[user@]host:port[,host:port...] (etcds:// for TLS); file:///ABSOLUTE/DIR (locks for this host only, one file per lock in DIR); zk://[user:pass@]host:port[,host:port...][/chroot]. Give 3 or 5 redis:// URLs (repeated --url, or comma-separated in LOCKRUN_URL) for a Redlock quorum over independent servers. Prefer LOCKRUN_URL for URLs with a password: argv is visible in `ps`.' -r
@@ -75,6 +75,6 @@ complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s v -l verbose
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l force -d 'Confirm that the lock is to be broken whoever holds it. The holder\'s command keeps running until its lockrun notices the loss (at its next renewal)'
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from run status release help" -f -a "run" -d 'Run COMMAND while holding the lock NAME (the default subcommand)'
-complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from run status release help" -f -a "status" -d 'Show who holds the lock NAME (exit 0 held, 1 free, 125 error)'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from run status release help" -f -a "status" -d 'Show who holds the lock NAME and how its last run ended (exit 0 held, 1 free, 125 error)'
 complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from run status release help" -f -a "release" -d 'Break the lock NAME whoever holds it (operator override; needs --force)'
 complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from run status release help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

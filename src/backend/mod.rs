@@ -17,6 +17,7 @@ pub(crate) mod etcd;
 pub(crate) mod file;
 pub(crate) mod postgres;
 pub(crate) mod probe;
+pub mod record;
 pub mod redis;
 pub(crate) mod registry;
 pub(crate) mod tls;
@@ -29,6 +30,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use thiserror::Error;
+
+pub use record::{EndedBy, RunEnd, RunRecord};
 
 /// The longest lease any backend takes: lockrun's largest `--ttl` and
 /// `--hold-at-least` ([`crate::config::bounds`]). Each backend refuses a longer one
@@ -226,11 +229,26 @@ pub trait Backend {
     /// Extends our lease to `ttl` from now, if the stored token is still `token`.
     async fn renew(&self, name: &str, token: &str, ttl: Duration) -> Result<(), BackendError>;
 
-    /// Gives the lock up if the stored token is still `token` and wakes one waiter.
-    async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError>;
+    /// Gives the lock up if the stored token is still `token` and wakes one waiter;
+    /// a backend that keeps run records writes the run's ([`RunRecord`], from the
+    /// stored holder and `end`) in the same step. `end` is `None` when no command ran
+    /// under this token (an attempt given up): no record then.
+    async fn release(
+        &self,
+        name: &str,
+        token: &str,
+        how: Release,
+        end: Option<RunEnd>,
+    ) -> Result<(), BackendError>;
 
     /// Who holds `name` now: every live holder, by slot (empty when free).
     async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError>;
+
+    /// The record of `name`'s last run that ended, if the backend keeps one (Redis
+    /// does; the other backends keep none yet, and answer `None`).
+    async fn last_run(&self, _name: &str) -> Result<Option<RunRecord>, BackendError> {
+        Ok(None)
+    }
 
     /// Breaks the lock whoever holds it (every slot); returns the holders it removed.
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError>;
@@ -278,8 +296,15 @@ type Call<'a, T> = Pin<Box<dyn Future<Output = Result<T, BackendError>> + 'a>>;
 trait DynBackend {
     fn acquire<'a>(&'a self, name: &'a str, req: &'a AcquireRequest) -> Call<'a, Acquire>;
     fn renew<'a>(&'a self, name: &'a str, token: &'a str, ttl: Duration) -> Call<'a, ()>;
-    fn release<'a>(&'a self, name: &'a str, token: &'a str, how: Release) -> Call<'a, ()>;
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        token: &'a str,
+        how: Release,
+        end: Option<RunEnd>,
+    ) -> Call<'a, ()>;
     fn inspect<'a>(&'a self, name: &'a str) -> Call<'a, Vec<Holder>>;
+    fn last_run<'a>(&'a self, name: &'a str) -> Call<'a, Option<RunRecord>>;
     fn force_release<'a>(&'a self, name: &'a str) -> Call<'a, Vec<Holder>>;
     fn wait_for_release<'a>(
         &'a self,
@@ -298,11 +323,20 @@ impl<B: Backend> DynBackend for B {
     fn renew<'a>(&'a self, name: &'a str, token: &'a str, ttl: Duration) -> Call<'a, ()> {
         Box::pin(Backend::renew(self, name, token, ttl))
     }
-    fn release<'a>(&'a self, name: &'a str, token: &'a str, how: Release) -> Call<'a, ()> {
-        Box::pin(Backend::release(self, name, token, how))
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        token: &'a str,
+        how: Release,
+        end: Option<RunEnd>,
+    ) -> Call<'a, ()> {
+        Box::pin(Backend::release(self, name, token, how, end))
     }
     fn inspect<'a>(&'a self, name: &'a str) -> Call<'a, Vec<Holder>> {
         Box::pin(Backend::inspect(self, name))
+    }
+    fn last_run<'a>(&'a self, name: &'a str) -> Call<'a, Option<RunRecord>> {
+        Box::pin(Backend::last_run(self, name))
     }
     fn force_release<'a>(&'a self, name: &'a str) -> Call<'a, Vec<Holder>> {
         Box::pin(Backend::force_release(self, name))
@@ -332,12 +366,22 @@ impl Backend for AnyBackend {
         self.0.renew(name, token, ttl).await
     }
 
-    async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
-        self.0.release(name, token, how).await
+    async fn release(
+        &self,
+        name: &str,
+        token: &str,
+        how: Release,
+        end: Option<RunEnd>,
+    ) -> Result<(), BackendError> {
+        self.0.release(name, token, how, end).await
     }
 
     async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
         self.0.inspect(name).await
+    }
+
+    async fn last_run(&self, name: &str) -> Result<Option<RunRecord>, BackendError> {
+        self.0.last_run(name).await
     }
 
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {

@@ -167,7 +167,7 @@ pub(super) async fn abandon<B: Backend>(cfg: &RunConfig, backend: &B, token: &st
     let name = cfg.name.as_str();
     let cleanup = async {
         let _ = backend.stop_waiting(name).await;
-        let _ = backend.release(name, token, Release::Now).await;
+        let _ = backend.release(name, token, Release::Now, None).await;
     };
     let _ = tokio::time::timeout(request_timeout(cfg.ttl), cleanup).await;
 }

@@ -81,7 +81,9 @@ use std::time::Duration;
 
 use crate::backend::conn::{Connection, Slot};
 use crate::backend::url::BackendConfig;
-use crate::backend::{wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
+use crate::backend::{
+    wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release, RunEnd,
+};
 use errors::never_sent;
 use rpc::{Client, RpcError};
 use slots::SlotKeys;
@@ -252,7 +254,13 @@ impl Backend for EtcdBackend {
         }
     }
 
-    async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
+    async fn release(
+        &self,
+        name: &str,
+        token: &str,
+        how: Release,
+        _end: Option<RunEnd>,
+    ) -> Result<(), BackendError> {
         let Some(ours) = self.our_lease(token) else {
             return Err(BackendError::NotOwner);
         };

@@ -156,16 +156,9 @@ pub(super) async fn write_ours(
             file.shown()
         ))
     })?;
-    let mut holders: Vec<HolderLine> = if record.slots == slots && slots > 1 {
-        record
-            .holders
-            .iter()
-            .filter(|h| h.slot != slot)
-            .cloned()
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let same_n = record.slots == slots && slots > 1;
+    let others = record.holders.iter().filter(|h| same_n && h.slot != slot);
+    let mut holders: Vec<HolderLine> = others.cloned().collect();
     holders.push(HolderLine {
         slot,
         fencing: fencing_token,

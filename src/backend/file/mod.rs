@@ -99,7 +99,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::backend::url::BackendConfig;
 use crate::backend::{
-    wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release, MAX_LEASE,
+    wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release, RunEnd, MAX_LEASE,
 };
 use acquire::{read_guarded, Attempt};
 use dir::{LockDir, Open};
@@ -326,7 +326,13 @@ impl Backend for FileBackend {
         self.check_ours(&file_name, &lock, (token, slot), || record)
     }
 
-    async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
+    async fn release(
+        &self,
+        name: &str,
+        token: &str,
+        how: Release,
+        _end: Option<RunEnd>,
+    ) -> Result<(), BackendError> {
         let file_name = self.file_name(name)?;
         // The token names the slot: a lockrun holds one slot of a name at most, and
         // only through a file it keeps open (an acquire cut short closes it, letting

@@ -18,7 +18,7 @@ use super::{Missing, Params, PgConn, PostgresBackend, Wake, WAITER_ALIVE};
 use crate::backend::conn as slot;
 use crate::backend::{
     slots_conflict, wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release,
-    MAX_WAIT_SLICE,
+    RunEnd, MAX_WAIT_SLICE,
 };
 use crate::log::{emit, Event, Level};
 
@@ -322,7 +322,13 @@ impl Backend for PostgresBackend {
         }
     }
 
-    async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
+    async fn release(
+        &self,
+        name: &str,
+        token: &str,
+        how: Release,
+        _end: Option<RunEnd>,
+    ) -> Result<(), BackendError> {
         let released = match how {
             Release::Now => {
                 let channel = self.channel(name);

@@ -70,9 +70,13 @@ use futures_util::future::{join_all, select_all};
 use super::replies::{AcquireReply, HoldersReply};
 use super::RedisBackend;
 use crate::backend::url::{BackendConfig, Target};
-use crate::backend::{Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
+use crate::backend::{
+    Acquire, AcquireRequest, Backend, BackendError, Holder, Release, RunEnd, RunRecord,
+};
 pub use urls::{parse, RedlockTarget};
-use votes::{choose_slot, conflict_in, disagree, free_maps, group, other_n, votes};
+use votes::{
+    choose_slot, conflict_in, disagree, free_maps, group, majority_record, other_n, votes,
+};
 
 /// A lock backend over a quorum of independent Redis servers.
 pub struct RedlockBackend {
@@ -372,9 +376,15 @@ impl Backend for RedlockBackend {
         }
     }
 
-    async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
+    async fn release(
+        &self,
+        name: &str,
+        token: &str,
+        how: Release,
+        end: Option<RunEnd>,
+    ) -> Result<(), BackendError> {
         let answers = self
-            .on_all(Duration::from_secs(1), |n| n.release(name, token, how))
+            .on_all(Duration::from_secs(1), |n| n.release(name, token, how, end))
             .await;
         let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
         if taken.as_ref().is_some_and(|(t, _)| t == token) {
@@ -416,6 +426,17 @@ impl Backend for RedlockBackend {
             }
         }
         Ok(held)
+    }
+
+    async fn last_run(&self, name: &str) -> Result<Option<RunRecord>, BackendError> {
+        let answers = self
+            .on_all(Duration::from_secs(1), |n| n.last_run(name))
+            .await;
+        let records: Vec<Option<RunRecord>> = answers.iter().flatten().cloned().collect();
+        if records.len() < self.quorum() {
+            return Err(self.no_quorum("answered", records.len(), &answers));
+        }
+        Ok(majority_record(&records, self.quorum()))
     }
 
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::{FromRedisValue, ParsingError, Value};
 
 use super::scripts::Script;
-use crate::backend::{Holder, MAX_LEASE, MAX_SLOTS};
+use crate::backend::{Holder, RunRecord, MAX_LEASE, MAX_SLOTS};
 
 /// A reply that is not what the script returns: an old or foreign script, a proxy that
 /// mangles replies, a key that is not lockrun's.
@@ -273,6 +273,35 @@ fn holder(fields: &[Value]) -> Result<Holder, ParsingError> {
         slot: slot_number(slot)?,
         slots: slot_count(slots)?,
     })
+}
+
+/// The last-run script's answer: the record's eight fields, all nil when there is none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LastRunReply(pub Option<RunRecord>);
+
+impl FromRedisValue for LastRunReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let Value::Array(items) = &v else {
+            return Err(bad("not an array", &v));
+        };
+        let [host, pid, fence, slot, started, ended, exit, ended_by] = items.as_slice() else {
+            return Err(bad("a run record of the wrong length", &v));
+        };
+        if items.iter().all(|f| *f == Value::Nil) {
+            return Ok(LastRunReply(None));
+        }
+        Ok(LastRunReply(Some(RunRecord {
+            host: text(host)?,
+            pid: u32::try_from(number(pid)?).map_err(|_| bad("a pid out of range", pid))?,
+            fencing_token: number(fence)?,
+            slot: slot_number(slot)?,
+            started_ms: number(started)?,
+            ended_ms: number(ended)?,
+            exit_status: u8::try_from(number(exit)?)
+                .map_err(|_| bad("an exit status out of range", exit))?,
+            ended_by: text(ended_by)?,
+        })))
+    }
 }
 
 #[cfg(test)]

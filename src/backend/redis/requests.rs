@@ -4,12 +4,13 @@
 use std::time::Duration;
 
 use super::conn::{self, Subscriber};
-use super::replies::{AcquireReply, Done, HoldersReply};
+use super::replies::{AcquireReply, Done, HoldersReply, LastRunReply};
 use super::scripts::{Keys, Script};
 use super::{ms, owned, RedisBackend};
 use crate::backend::conn as slot;
 use crate::backend::{
     slots_conflict, wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release,
+    RunEnd, RunRecord,
 };
 
 /// Holders as `status` shows them: when none of them shows that they were taken with
@@ -52,15 +53,26 @@ impl Backend for RedisBackend {
         self.renew_slot(name, token, ttl, taken).await
     }
 
-    async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
+    async fn release(
+        &self,
+        name: &str,
+        token: &str,
+        how: Release,
+        end: Option<RunEnd>,
+    ) -> Result<(), BackendError> {
         let keep = match how {
             Release::Now => "0".to_owned(),
             Release::KeepFor(d) => ms(d),
         };
         let wake_prefix = Keys::new(&self.key_prefix, name).wake_prefix;
-        let done = self
-            .eval(Script::Release, name, None, &[token, &keep, &wake_prefix])
-            .await?;
+        // No give-back ('') and no heartbeat: a holder's release; the record's fields
+        // last ('' for an attempt given up: no record).
+        let (exit, ended_by) = match end {
+            Some(e) => (e.exit_status.to_string(), e.ended_by.as_str()),
+            None => (String::new(), ""),
+        };
+        let args = [token, &keep, &wake_prefix, "", "", &exit, ended_by];
+        let done = self.eval(Script::Release, name, None, &args).await?;
         let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
         if taken.as_ref().is_some_and(|(t, _)| t == token) {
             *taken = None;
@@ -70,6 +82,11 @@ impl Backend for RedisBackend {
 
     async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
         shown(self.holders(name).await?, self.slots)
+    }
+
+    async fn last_run(&self, name: &str) -> Result<Option<RunRecord>, BackendError> {
+        let reply: LastRunReply = self.eval(Script::LastRun, name, None, &[]).await?;
+        Ok(reply.0)
     }
 
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {

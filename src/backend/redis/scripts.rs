@@ -59,11 +59,13 @@ pub enum Script {
     Inspect,
     /// Delete every slot whoever holds it and wake one waiter per slot freed.
     Force,
+    /// Read the record of the last run.
+    LastRun,
 }
 
 impl Script {
     /// Every script.
-    pub const ALL: [Script; 7] = [
+    pub const ALL: [Script; 8] = [
         Script::Acquire,
         Script::Renew,
         Script::Release,
@@ -71,6 +73,7 @@ impl Script {
         Script::Leave,
         Script::Inspect,
         Script::Force,
+        Script::LastRun,
     ];
 
     /// The script's Lua source. Every script that sets an expiry gets the argument
@@ -107,6 +110,7 @@ impl Script {
                 include_str!("scripts/wake.lua"),
                 include_str!("scripts/force.lua")
             ),
+            Script::LastRun => include_str!("scripts/last.lua"),
         }
     }
 
@@ -114,10 +118,10 @@ impl Script {
     /// [`Script::takes_slots`], none for the others).
     pub fn fixed_keys(self) -> usize {
         match self {
-            Script::Inspect | Script::Renew => 1,
+            Script::Inspect | Script::Renew | Script::LastRun => 1,
             Script::FenceFloor | Script::Leave => 2,
-            Script::Release | Script::Force => 3,
-            Script::Acquire => 4,
+            Script::Force => 3,
+            Script::Release | Script::Acquire => 4,
         }
     }
 
@@ -125,7 +129,7 @@ impl Script {
     /// renewal that knows it). The fencing floor takes the one slot held as its second
     /// fixed key.
     pub fn takes_slots(self) -> bool {
-        !matches!(self, Script::FenceFloor | Script::Leave)
+        !matches!(self, Script::FenceFloor | Script::Leave | Script::LastRun)
     }
 
     /// The name used in messages.
@@ -138,6 +142,7 @@ impl Script {
             Script::Leave => "leave",
             Script::Inspect => "inspect",
             Script::Force => "force",
+            Script::LastRun => "last_run",
         }
     }
 }
@@ -163,6 +168,9 @@ pub struct Keys {
     pub limit: String,
     /// `P{NAME}:wake:`: prefix of each waiter's own wake-up channel.
     pub wake_prefix: String,
+    /// `P{NAME}:last`: the record of the last run that ended (a hash, see
+    /// `scripts/release.lua`), kept as long as the fencing counter.
+    pub last: String,
 }
 
 impl Keys {
@@ -175,6 +183,7 @@ impl Keys {
             alive: format!("{base}:alive"),
             limit: format!("{base}:slots"),
             wake_prefix: format!("{base}:wake:"),
+            last: format!("{base}:last"),
             lock: base,
         }
     }
@@ -199,9 +208,14 @@ impl Keys {
                 self.limit.clone(),
             ],
             Script::Renew | Script::Inspect => vec![self.limit.clone()],
-            Script::Release | Script::Force => {
-                vec![self.queue.clone(), self.alive.clone(), self.limit.clone()]
-            }
+            Script::Release => vec![
+                self.queue.clone(),
+                self.alive.clone(),
+                self.limit.clone(),
+                self.last.clone(),
+            ],
+            Script::Force => vec![self.queue.clone(), self.alive.clone(), self.limit.clone()],
+            Script::LastRun => vec![self.last.clone()],
             Script::FenceFloor => vec![self.fence.clone(), self.slot(taken.unwrap_or(0))],
             Script::Leave => vec![self.queue.clone(), self.alive.clone()],
         };
@@ -266,7 +280,13 @@ mod tests {
         );
         assert_eq!(
             k.for_script(Script::Release, 1, None),
-            ["p:{n}:waiters", "p:{n}:alive", "p:{n}:slots", "p:{n}"]
+            [
+                "p:{n}:waiters",
+                "p:{n}:alive",
+                "p:{n}:slots",
+                "p:{n}:last",
+                "p:{n}"
+            ]
         );
         assert_eq!(
             k.for_script(Script::Renew, 1, Some(0)),
@@ -290,7 +310,7 @@ mod tests {
         );
         assert_eq!(k.for_script(Script::FenceFloor, 3, Some(2))[1], "p:{n}#2");
         // Release always looks everywhere: a lost acquire answer leaves the slot unknown.
-        assert_eq!(k.for_script(Script::Release, 3, Some(1)).len(), 6);
+        assert_eq!(k.for_script(Script::Release, 3, Some(1)).len(), 7);
     }
 
     #[test]
@@ -327,7 +347,7 @@ mod tests {
         for s in Script::ALL {
             let src = s.source();
             let expires = src.contains("PEXPIRE") || src.contains("'PX'");
-            if matches!(s, Script::Force | Script::Leave) {
+            if matches!(s, Script::Force | Script::Leave | Script::LastRun) {
                 assert!(!expires, "{s:?} sets an expiry without the checks");
                 continue;
             }

@@ -118,7 +118,7 @@ use zookeeper_client::{Acls, Client};
 
 use crate::backend::url::BackendConfig;
 use crate::backend::{
-    Acquire, AcquireRequest, Backend, BackendError, Holder, Release, MIN_WAIT_SLICE,
+    Acquire, AcquireRequest, Backend, BackendError, Holder, Release, RunEnd, MIN_WAIT_SLICE,
 };
 use errors::{describe, session_over};
 pub use target::{ZkTarget, KIND};
@@ -366,7 +366,13 @@ impl Backend for ZkBackend {
         }
     }
 
-    async fn release(&self, name: &str, token: &str, how: Release) -> Result<(), BackendError> {
+    async fn release(
+        &self,
+        name: &str,
+        token: &str,
+        how: Release,
+        _end: Option<RunEnd>,
+    ) -> Result<(), BackendError> {
         let node = {
             let mut local = self.local();
             local.waiting_for = None;

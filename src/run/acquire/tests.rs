@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use clap::Parser;
 
 use super::*;
-use crate::backend::BackendError;
+use crate::backend::{BackendError, RunEnd};
 use crate::cli::{Cli, Command};
 use crate::run::policy::tests::{counted_token, holder};
 
@@ -43,7 +43,14 @@ impl Backend for Scripted {
         unreachable!("the acquire driver never renews")
     }
 
-    async fn release(&self, _: &str, token: &str, _: Release) -> Result<(), BackendError> {
+    async fn release(
+        &self,
+        _: &str,
+        token: &str,
+        _: Release,
+        end: Option<RunEnd>,
+    ) -> Result<(), BackendError> {
+        assert_eq!(end, None, "an attempt given up leaves no run record");
         self.released.borrow_mut().push(token.to_owned());
         Ok(())
     }

@@ -667,10 +667,15 @@ fn a_token_whose_answer_was_lost_is_released_from_its_slot() {
         );
         let other = open(&t, 3);
         assert_eq!(
-            other.release("job", &"c".repeat(32), Release::Now).await,
+            other
+                .release("job", &"c".repeat(32), Release::Now, None)
+                .await,
             Err(BackendError::NotOwner)
         );
-        other.release("job", &second, Release::Now).await.unwrap();
+        other
+            .release("job", &second, Release::Now, None)
+            .await
+            .unwrap();
         let holders = open(&t, 3).inspect("job").await.unwrap();
         let slots: Vec<u32> = holders.iter().map(|h| h.slot).collect();
         assert_eq!(slots, [0]);

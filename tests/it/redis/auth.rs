@@ -334,5 +334,5 @@ fn dev_zero_as_the_password_file_is_refused_without_reading_it_all() {
         .env("OUT", s.path("out"))
         .stdin(std::process::Stdio::null());
     let f = spawn(cmd).wait_for(std::time::Duration::from_secs(10));
-    assert_refused_in_one_line(&f, &s, "4 KiB");
+    assert_refused_in_one_line(&f, &s, "not a regular file");
 }

@@ -118,10 +118,11 @@ fn renew_and_release_refuse_a_lease_the_server_cannot_take() {
     let key = lock_key("job");
     let wake = "lockrun:{job}:wake:";
     let limit = limit_key("job");
-    let keys4 = [
+    let release_keys = [
         "lockrun:{job}:waiters",
         "lockrun:{job}:alive",
         limit.as_str(),
+        "lockrun:{job}:last",
         key.as_str(),
     ];
     for bad in BAD_MS {
@@ -132,7 +133,8 @@ fn renew_and_release_refuse_a_lease_the_server_cannot_take() {
         );
         if bad != "0" {
             // keep_ms 0 is a plain release; the rest must be refused, lock untouched.
-            let e = redis.eval_lockrun_script("release", &keys4, &["owner-token", bad, wake]);
+            let e =
+                redis.eval_lockrun_script("release", &release_keys, &["owner-token", bad, wake]);
             assert!(
                 e.is_err_and(|e| e.to_string().contains("keep_ms must be")),
                 "{bad:?}"

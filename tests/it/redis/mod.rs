@@ -2,7 +2,8 @@
 //! keys (`keys`), semaphore slots (`slots`), eviction (`eviction`), Redis Cluster
 //! (`cluster`), Redlock over several servers (`redlock`), Sentinel and failover
 //! (`sentinel`), passwords (`auth`), `rediss://` (`tls`), the ACL rule the docs state
-//! (`acl`), the line of each misconfigured connection (`errors`), and Redis behind
+//! (`acl`), the line of each misconfigured connection (`errors`), the last run's record
+//! (`records`), and Redis behind
 //! twemproxy or without `HELLO` or `SUBSCRIBE` (`proxies`). The contract every backend
 //! keeps is tested in the conformance suite.
 
@@ -13,6 +14,7 @@ mod errors;
 mod eviction;
 mod keys;
 mod proxies;
+mod records;
 mod redlock;
 mod sentinel;
 mod slots;

@@ -27,13 +27,22 @@ fn acquire_keys(n: u32) -> Vec<String> {
     keys
 }
 
-/// The keys of the release and force scripts for semaphore "job" of `n` slots.
-fn release_keys(n: u32) -> Vec<String> {
+/// The keys of the force script for semaphore "job" of `n` slots.
+fn force_keys(n: u32) -> Vec<String> {
     let mut keys = vec![
         waiter_key("job", "waiters"),
         waiter_key("job", "alive"),
         limit_key("job"),
     ];
+    keys.extend((0..n).map(|i| slot_key("job", i)));
+    keys
+}
+
+/// The keys of the release script for semaphore "job" of `n` slots: the force
+/// script's, with the run record's before the slots.
+fn release_keys(n: u32) -> Vec<String> {
+    let mut keys = force_keys(0);
+    keys.push(format!("{}:last", lock_key("job")));
     keys.extend((0..n).map(|i| slot_key("job", i)));
     keys
 }
@@ -137,8 +146,13 @@ fn the_keys_of_slot_2_share_the_hash_tag_and_expire() {
         h.1.touch("go");
         h.0.wait().assert_code(0);
     }
-    let keys: Vec<String> = redis.query(redis::cmd("KEYS").arg("*"));
-    assert_eq!(keys, [fence_key("job")], "only the fencing counter stays");
+    let mut keys: Vec<String> = redis.query(redis::cmd("KEYS").arg("*"));
+    keys.sort();
+    assert_eq!(
+        keys,
+        [fence_key("job"), format!("{}:last", lock_key("job"))],
+        "only the fencing counter and the last run's record stay"
+    );
 }
 
 #[test]
@@ -344,7 +358,7 @@ fn each_slot_freed_wakes_one_more_waiter() {
     assert!(!woken("w1") && !woken("w2") && !woken("w3"));
     // Both held: release --force below wakes w3.
     // release --force frees both slots: one wake-up for the one waiter left.
-    let Value::Array(broken) = eval(&redis, "force", &release_keys(2), &[wake]).unwrap() else {
+    let Value::Array(broken) = eval(&redis, "force", &force_keys(2), &[wake]).unwrap() else {
         panic!()
     };
     assert_eq!(broken.len(), 3, "{broken:?}");

@@ -3,7 +3,7 @@
 //! functions; part of [`super`].
 
 use super::super::replies::{AcquireReply, HoldersReply, SlotHolder};
-use crate::backend::{BackendError, Holder};
+use crate::backend::{BackendError, Holder, RunRecord};
 
 /// The free slots each server saw when it took one (`None`: it took none).
 pub fn free_maps(answers: &[Result<AcquireReply, BackendError>]) -> Vec<Option<&[bool]>> {
@@ -97,9 +97,47 @@ pub fn group<'a>(holders: impl Iterator<Item = &'a SlotHolder>) -> Vec<(usize, H
         .collect()
 }
 
+/// The last run a majority of the servers keeps: the record of the largest fencing
+/// token that at least `quorum` servers hold (each server's copy differs only in its
+/// own clock's end time; the earliest is shown). A release that reached only a
+/// minority is not the quorum's: the run before it is shown then.
+pub fn majority_record(records: &[Option<RunRecord>], quorum: usize) -> Option<RunRecord> {
+    let mut tokens: Vec<u64> = records.iter().flatten().map(|r| r.fencing_token).collect();
+    tokens.sort_unstable_by(|a, b| b.cmp(a));
+    tokens.dedup();
+    tokens.into_iter().find_map(|token| {
+        let same: Vec<&RunRecord> = records
+            .iter()
+            .flatten()
+            .filter(|r| r.fencing_token == token)
+            .collect();
+        (same.len() >= quorum)
+            .then(|| same.into_iter().min_by_key(|r| r.ended_ms).cloned())
+            .flatten()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_quorums_last_run_is_the_newest_a_majority_keeps() {
+        let rec = |fence: u64, ended_ms: u64| {
+            Some(RunRecord {
+                fencing_token: fence,
+                ended_ms,
+                ..RunRecord::default()
+            })
+        };
+        let got =
+            |r: &[Option<RunRecord>]| majority_record(r, 2).map(|r| (r.fencing_token, r.ended_ms));
+        assert_eq!(got(&[rec(7, 30), rec(7, 20), rec(5, 10)]), Some((7, 20)));
+        // Token 9's release reached one server only: the quorum still says 7.
+        assert_eq!(got(&[rec(9, 50), rec(7, 20), rec(7, 25)]), Some((7, 20)));
+        assert_eq!(got(&[rec(9, 50), None, rec(7, 25)]), None);
+        assert_eq!(got(&[None, None, None]), None);
+    }
 
     fn map(s: &str) -> Vec<bool> {
         s.chars().map(|c| c == '1').collect()

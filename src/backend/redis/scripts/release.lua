@@ -1,7 +1,12 @@
--- KEYS: queue, alive, limit, then the N slot keys. ARGV: token, keep_ms, wake channel
--- prefix, give_back ('1': Redlock gives back what an acquisition without a majority
--- took; '' or none: a holder's release), alive_ms (with give_back: the waiter's
--- heartbeat). Returns 1 if released (or shortened to keep_ms), 0 if not ours.
+-- KEYS: queue, alive, limit, the run record, then the N slot keys. ARGV: token,
+-- keep_ms, wake channel prefix, give_back ('1': Redlock gives back what an acquisition
+-- without a majority took; '' or none: a holder's release), alive_ms (with give_back:
+-- the waiter's heartbeat), exit status and why the run ended (both '' or none: no
+-- record, an attempt given up). Returns 1 if released (or shortened to keep_ms), 0 if
+-- not ours.
+-- A holder's release leaves the run's record (record.rs): the holder as stored, the
+-- slot, how it ended and when by this server's clock, kept as long as the fencing
+-- counter.
 -- The token is looked for in every slot, so a release works for an acquire whose
 -- answer was lost (and frees every slot it holds, should a Redlock round have left it
 -- two). Each slot freed wakes one waiter; the last holder of a semaphore to go takes
@@ -16,6 +21,23 @@ local give_back = ARGV[4] == '1'
 if give_back then
   bad = bad_ms('alive_ms', ARGV[5], 1)
   if bad then return redis.error_reply(bad) end
+end
+local record = ARGV[6] ~= nil and ARGV[6] ~= ''
+if record and not (string.match(ARGV[6], '^%d%d?%d?$') and string.match(ARGV[7] or '', '^[a-z_]+$')) then
+  return redis.error_reply('ERR lockrun: the run record needs an exit status and a reason, not ' ..
+    tostring(ARGV[6]) .. ' ' .. tostring(ARGV[7]))
+end
+-- Writes the record of the run that held slot `slot` as `h` (the fields read below).
+-- Its expiry is set before the write (a user denied PEXPIRE fails before writing) and
+-- right after it.
+local function record_run(h, slot)
+  local t = redis.call('TIME')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('PEXPIRE', KEYS[4], FENCE_KEEP_MS)
+  redis.call('HSET', KEYS[4], 'host', h[5] or '', 'pid', h[6] or '0', 'fence', h[8] or '0',
+    'slot', slot, 'started_ms', h[7] or '0', 'ended_ms', string.format('%.0f', now_ms),
+    'exit', ARGV[6], 'ended_by', ARGV[7])
+  redis.call('PEXPIRE', KEYS[4], FENCE_KEEP_MS)
 end
 -- Puts waiter `id`, woken at `mark`, back at the head of the queue; true if its
 -- priority lasts (the mark is younger than WAKE_GRACE_MS). As in the acquire
@@ -38,10 +60,12 @@ local function requeue(id, mark)
   return age >= 0 and age < WAKE_GRACE_MS
 end
 local found, n = false, nil
-for i = 4, #KEYS do
-  local h = redis.call('HMGET', KEYS[i], 'token', 'slots', 'waiter', 'woken')
+for i = 5, #KEYS do
+  local h = redis.call('HMGET', KEYS[i], 'token', 'slots', 'waiter', 'woken', 'host', 'pid',
+    'since_ms', 'fence')
   if h[1] == ARGV[1] then
     found, n = true, tonumber(h[2] or '1')
+    if record and not give_back then record_run(h, i - 5) end
     if tonumber(ARGV[2]) > 0 then
       redis.call('PEXPIRE', KEYS[i], ARGV[2])
       if n and n > 1 then cover_limit(KEYS[3], h[2], ARGV[2]) end
@@ -56,8 +80,8 @@ for i = 4, #KEYS do
   end
 end
 if not found then return 0 end
-if tonumber(ARGV[2]) == 0 and n and n > 1 and n <= #KEYS - 3 then
-  for j = 4, 3 + n do
+if tonumber(ARGV[2]) == 0 and n and n > 1 and n <= #KEYS - 4 then
+  for j = 5, 4 + n do
     if redis.call('EXISTS', KEYS[j]) == 1 then return 1 end
   end
   redis.call('DEL', KEYS[3])

@@ -1,0 +1,67 @@
+//! The record of a lock's last run: what a run tells the backend as it gives the lock
+//! back ([`RunEnd`]), and what the backend keeps of it under the lock's name for
+//! `status` and `list` ([`RunRecord`]). The backend writes the record in the same
+//! step as the release (the release script on Redis), so a run makes no more round
+//! trips than before; the times in it are the backend's own clock, like the holder's
+//! start time. A record expires with the fencing counter (property 8 of
+//! docs/guarantees.md). Part of the backend interface; depends on nothing else.
+
+/// Why a run that held the lock ended, as kept in its record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndedBy {
+    /// The command exited by itself.
+    Exited,
+    /// The command was killed by a signal lockrun did not send on lock loss.
+    Signal,
+    /// lockrun stopped the command: the lock was lost.
+    Lost,
+    /// lockrun stopped the command: `--max-runtime` was reached.
+    MaxRuntime,
+    /// The command could not be started (not found, not executable, no guard).
+    NotStarted,
+}
+
+impl EndedBy {
+    /// As stored and shown (`exited`, `signal`, `lost`, `max_runtime`, `not_started`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndedBy::Exited => "exited",
+            EndedBy::Signal => "signal",
+            EndedBy::Lost => "lost",
+            EndedBy::MaxRuntime => "max_runtime",
+            EndedBy::NotStarted => "not_started",
+        }
+    }
+}
+
+/// How this run ended, given with the release: the rest of the record (who, which
+/// token and slot, since when) is the holder the backend stored at acquisition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunEnd {
+    /// lockrun's exit status for the run.
+    pub exit_status: u8,
+    /// Why it ended.
+    pub ended_by: EndedBy,
+}
+
+/// The last run of a lock that ended (with `--slots N`: of any slot), as a backend
+/// keeps it. Its fields come from the store: untrusted, shown with care.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunRecord {
+    /// Host name of the run's lockrun.
+    pub host: String,
+    /// Process id of the run's lockrun.
+    pub pid: u32,
+    /// The fencing token the run held.
+    pub fencing_token: u64,
+    /// The slot it held (0 for a plain lock).
+    pub slot: u32,
+    /// When it took the lock, milliseconds since the Unix epoch (backend clock).
+    pub started_ms: u64,
+    /// When it gave the lock back, milliseconds since the Unix epoch (backend clock).
+    pub ended_ms: u64,
+    /// lockrun's exit status for the run.
+    pub exit_status: u8,
+    /// Why it ended, as stored (see [`EndedBy::as_str`]).
+    pub ended_by: String,
+}
