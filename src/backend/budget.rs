@@ -14,6 +14,10 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+/// A socket as client libraries take it (TCP, Unix, or TLS over either).
+pub trait Stream: AsyncRead + AsyncWrite + Send + Sync {}
+impl<T: AsyncRead + AsyncWrite + Send + Sync> Stream for T {}
+
 /// The most a server may send in answer to one request: 1 MiB. The largest legitimate
 /// reply is a status of `--slots 1000` (a thousand holders of a few hundred bytes each,
 /// about 300 KiB); ZooKeeper's own servers refuse frames over 1 MB (`jute.maxbuffer`).

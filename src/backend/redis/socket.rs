@@ -12,15 +12,10 @@ use redis::aio::{MultiplexedConnection, PubSub};
 use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, ErrorKind, RedisResult};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-use crate::backend::budget::{Budgeted, Overrun};
+use crate::backend::budget::{Budgeted, Overrun, Stream};
 use crate::backend::tls::TlsFiles;
-
-/// A socket as the client library takes it.
-pub trait Stream: AsyncRead + AsyncWrite + Send + Sync {}
-impl<T: AsyncRead + AsyncWrite + Send + Sync> Stream for T {}
 
 /// A counted socket to the server of `info`.
 pub type Counted = Budgeted<Pin<Box<dyn Stream>>>;

@@ -8,7 +8,6 @@ use std::time::Duration;
 use crate::support::*;
 
 #[test]
-#[ignore = "open: tokio-postgres opens its own socket; the byte budget needs lockrun's own connect (connect_raw)"]
 fn endless_notices_are_refused_in_one_line_in_bounded_memory() {
     let server = FakeServer::start(Behaviour::PgNotices);
     let url = format!("postgres://lockrun@127.0.0.1:{}/db", server.port());
