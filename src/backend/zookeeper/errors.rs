@@ -47,6 +47,17 @@ pub fn describe(e: &ZkError, at: &str, path: &str) -> BackendError {
     }
 }
 
+/// The refusal of server `server` (`host:port`), which sent a frame longer than the
+/// byte budget ([`crate::backend::budget`]); its connection is closed.
+pub fn too_large(server: &str) -> BackendError {
+    BackendError::Refused(format!(
+        "the ZooKeeper server at {server} sent a reply larger than {}, more than lockrun \
+         ever asks for: it is not a ZooKeeper server, or something between rewrites its \
+         replies",
+        crate::backend::budget::REPLY_BUDGET_WORDS
+    ))
+}
+
 /// True when `e` says the session is over: its ephemeral nodes, our lock among them,
 /// are gone (or about to be, and nothing can renew them).
 pub fn session_over(e: &ZkError) -> bool {

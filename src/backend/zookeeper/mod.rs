@@ -115,6 +115,7 @@ mod leave;
 mod look;
 mod place;
 mod queue;
+mod relay;
 mod slots;
 mod target;
 
@@ -151,6 +152,9 @@ pub struct ZkBackend {
     /// The session: made by the first call, kept for the whole run (our nodes live and
     /// die with it), made again only once it has ended.
     session: Mutex<Option<Client>>,
+    /// The relays the client reaches the servers through (`relay.rs`), made with the
+    /// first session.
+    relays: tokio::sync::OnceCell<relay::Relays>,
     local: Mutex<Local>,
 }
 
@@ -239,6 +243,7 @@ impl ZkBackend {
             slots: config.slots,
             waiting,
             session: Mutex::new(None),
+            relays: tokio::sync::OnceCell::new(),
             local: Mutex::new(Local::default()),
         }
     }
@@ -271,6 +276,9 @@ impl ZkBackend {
 
     /// Translates a client error met on `path`.
     fn error(&self, e: &zookeeper_client::Error, path: &str) -> BackendError {
+        if let Some(server) = self.relays.get().and_then(|r| r.overrun()) {
+            return errors::too_large(server);
+        }
         describe(e, &self.at(), path)
     }
 
@@ -285,8 +293,18 @@ impl ZkBackend {
         if let Some(digest) = &self.target.digest {
             connector = connector.with_auth("digest", digest.as_bytes());
         }
+        let relays = self
+            .relays
+            .get_or_try_init(|| relay::Relays::start(&self.target.servers))
+            .await
+            .map_err(|e| {
+                BackendError::Unavailable(format!(
+                    "cannot relay to ZooKeeper at {}: {e}",
+                    self.at()
+                ))
+            })?;
         let client = connector
-            .connect(&self.target.connect_string())
+            .connect(&relays.connect_string(&self.target.chroot))
             .await
             .map_err(|e| self.error(&e, "/"))?;
         *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(client.clone());

@@ -9,7 +9,6 @@ use std::time::Duration;
 use crate::support::*;
 
 #[test]
-#[ignore = "open: zookeeper-client opens its own socket (async-net); the frame bound needs a hook or a counting relay"]
 fn an_endless_frame_is_refused_in_one_line_in_bounded_memory() {
     let server = FakeServer::start(Behaviour::ZkHuge);
     let url = format!("zk://127.0.0.1:{}", server.port());
