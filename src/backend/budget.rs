@@ -29,12 +29,19 @@ pub const REPLY_BUDGET: usize = 1 << 20;
 /// The budget in words, for messages.
 pub const REPLY_BUDGET_WORDS: &str = "1 MiB";
 
+/// The most lines (`\n`) a Redis reply may hold: each value of RESP takes one line at
+/// least, and a client library's value takes some 50 bytes, so a megabyte of tiny
+/// values (`:1\r\n`) would take 25 MiB or more to parse, times the servers of a Redlock
+/// quorum. A status of `--slots 1000` takes some 15,000 lines.
+pub const REPLY_LINES: usize = 1 << 16;
+
 /// Set once a connection read more than its budget; shared by the connection's
 /// [`Budgeted`] stream and the backend that reads its errors.
 #[derive(Clone, Debug, Default)]
 pub struct Overrun {
     over: Arc<AtomicBool>,
     read: Arc<AtomicUsize>,
+    lines: Arc<AtomicUsize>,
 }
 
 impl Overrun {
@@ -46,14 +53,16 @@ impl Overrun {
     /// Starts the count afresh: a reply (a pushed message) has been taken whole.
     pub fn reset(&self) {
         self.read.store(0, Ordering::Relaxed);
+        self.lines.store(0, Ordering::Relaxed);
     }
 }
 
-/// A stream whose reads fail once more than [`REPLY_BUDGET`] bytes came in since the
-/// last write (or [`Overrun::reset`]).
+/// A stream whose reads fail once more than [`REPLY_BUDGET`] bytes (or more lines than
+/// its line budget) came in since the last write (or [`Overrun::reset`]).
 pub struct Budgeted<S> {
     inner: S,
     overrun: Overrun,
+    max_lines: usize,
 }
 
 impl<S> Budgeted<S> {
@@ -62,7 +71,13 @@ impl<S> Budgeted<S> {
         Budgeted {
             inner,
             overrun: overrun.clone(),
+            max_lines: usize::MAX,
         }
+    }
+
+    /// This stream, failing also past `max_lines` lines in one reply.
+    pub fn with_lines(self, max_lines: usize) -> Budgeted<S> {
+        Budgeted { max_lines, ..self }
     }
 }
 
@@ -86,9 +101,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Budgeted<S> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = polled {
-            let got = buf.filled().len() - before;
+            let new = &buf.filled()[before..];
+            let (got, lines) = (new.len(), new.iter().filter(|&&b| b == b'\n').count());
             let read = self.overrun.read.fetch_add(got, Ordering::Relaxed) + got;
-            if read > REPLY_BUDGET {
+            let lines = self.overrun.lines.fetch_add(lines, Ordering::Relaxed) + lines;
+            if read > REPLY_BUDGET || lines > self.max_lines {
                 self.overrun.over.store(true, Ordering::Relaxed);
                 // What was read is not handed on: the connection is over.
                 buf.set_filled(before);
@@ -159,6 +176,24 @@ mod tests {
             far.write_all(b"y").await.unwrap();
             let err = near.read(&mut buf).await.unwrap_err();
             assert!(err.to_string().contains("larger than 1 MiB"), "{err}");
+            assert!(overrun.happened());
+        });
+    }
+
+    #[test]
+    fn reads_fail_past_the_line_budget() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (near, mut far) = tokio::io::duplex(64 * 1024);
+            let overrun = Overrun::default();
+            let mut near = Budgeted::new(near, &overrun).with_lines(3);
+            let mut buf = [0u8; 64];
+            far.write_all(b":1\r\n:1\r\n:1\r\n").await.unwrap();
+            near.read_exact(&mut buf[..12]).await.unwrap();
+            far.write_all(b":1\r\n").await.unwrap();
+            assert!(near.read(&mut buf).await.is_err());
             assert!(overrun.happened());
         });
     }

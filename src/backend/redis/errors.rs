@@ -69,10 +69,11 @@ impl<'a> Context<'a> {
 /// the way rewrites its replies.
 pub fn too_large(at: &str) -> BackendError {
     BackendError::Refused(format!(
-        "the Redis server at {at} sent a reply larger than {}, more than lockrun ever \
-         asks for: it is not a Redis server, or something between rewrites its replies \
-         (rediss:// keeps them intact)",
-        crate::backend::budget::REPLY_BUDGET_WORDS
+        "the Redis server at {at} sent a reply larger than {} (or of more than {} \
+         values), more than lockrun ever asks for: it is not a Redis server, or something \
+         between rewrites its replies (rediss:// keeps them intact)",
+        crate::backend::budget::REPLY_BUDGET_WORDS,
+        crate::backend::budget::REPLY_LINES
     ))
 }
 

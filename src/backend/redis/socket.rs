@@ -1,7 +1,7 @@
 //! The socket under every Redis connection lockrun makes (a server's, a Cluster
 //! node's, a Redlock member's, a Sentinel's, a waiter's subscription): TCP, then TLS
 //! for `rediss://` with the files of the environment, counted by the reply
-//! [`budget`](crate::backend::budget). The client library would open its own socket,
+//! [`budget`](crate::backend::budget) in bytes and in lines (values). The client library would open its own socket,
 //! without a bound on a reply's size; this one is handed to it instead. Part of
 //! [`super`].
 
@@ -14,7 +14,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::net::TcpStream;
 
-use crate::backend::budget::{Budgeted, Overrun, Stream};
+use crate::backend::budget::{Budgeted, Overrun, Stream, REPLY_LINES};
 use crate::backend::tls::TlsFiles;
 
 /// A counted socket to the server of `info`.
@@ -76,7 +76,7 @@ async fn open(
         ConnectionAddr::Unix(path) => Box::pin(tokio::net::UnixStream::connect(path).await?),
         _ => return Err((ErrorKind::InvalidClientConfig, "unsupported address").into()),
     };
-    Ok(Budgeted::new(stream, overrun))
+    Ok(Budgeted::new(stream, overrun).with_lines(REPLY_LINES))
 }
 
 /// TCP to `host:port`: each address in turn, the last error if none accepts.

@@ -317,6 +317,7 @@ pub fn assert_endless_reply_refused(
         f.stderr
     );
     assert!(!s.exists("ran"), "{url}: the command ran");
+    eprintln!("{url}: peak RSS {peak} KiB, ended after {:?}", f.elapsed);
     let says: Vec<&str> = says.iter().copied().chain([server]).collect();
     f.assert_refused_in_one_line(url, within, &says, &[]);
     peak
