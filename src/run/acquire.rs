@@ -72,14 +72,7 @@ async fn acquire_with<B: Backend>(
                 error,
                 warn,
                 attempts,
-            } => {
-                // The pause counts from the failure, the give-back's time included.
-                let resume = tokio::time::Instant::now() + after;
-                let bound = policy.give_back_timeout(BootInstant::now(), false);
-                give_back(cfg, backend, &old, bound).await;
-                log_retry(&error, warn, attempts, after);
-                tokio::time::sleep_until(resume).await;
-            }
+            } => retry(cfg, backend, &policy, &old, (&error, warn, attempts, after)).await,
             Next::Fail {
                 error,
                 abandon: old,
@@ -94,6 +87,23 @@ async fn acquire_with<B: Backend>(
             }
         }
     }
+}
+
+/// After a transient failure (`error`, warned about as `warn`, after `attempts`): gives
+/// back the token `old`, within the `--wait` left, then pauses `after` from the failure
+/// (the give-back's time included).
+async fn retry<B: Backend>(
+    cfg: &RunConfig,
+    backend: &B,
+    policy: &Policy,
+    old: &str,
+    (error, warn, attempts, after): (&BackendError, Warn, u32, Duration),
+) {
+    let resume = tokio::time::Instant::now() + after;
+    let bound = policy.give_back_timeout(BootInstant::now(), false);
+    give_back(cfg, backend, old, bound).await;
+    log_retry(error, warn, attempts, after);
+    tokio::time::sleep_until(resume).await;
 }
 
 /// Sends one attempt, the policy's current request, within the policy's attempt

@@ -51,26 +51,8 @@ pub async fn connect<M>(
 where
     M: MakeTlsConnect<Counted>,
 {
-    let (hosts, addrs, ports) = (
-        config.get_hosts(),
-        config.get_hostaddrs(),
-        config.get_ports(),
-    );
-    let count = hosts.len().max(addrs.len());
-    if count == 0 {
-        return Err(ConnectError::Config(
-            "both host and hostaddr are missing".into(),
-        ));
-    }
-    if !hosts.is_empty() && !addrs.is_empty() && hosts.len() != addrs.len() {
-        return Err(ConnectError::Config(
-            "as many hostaddr as hosts are needed".into(),
-        ));
-    }
-    if ports.len() > 1 && ports.len() != count {
-        return Err(ConnectError::Config("invalid number of ports".into()));
-    }
-    let mut order: Vec<usize> = (0..count).collect();
+    let (hosts, ports) = (config.get_hosts(), config.get_ports());
+    let mut order: Vec<usize> = (0..count(config)?).collect();
     if config.get_load_balance_hosts() == LoadBalanceHosts::Random {
         shuffle(&mut order);
     }
@@ -82,13 +64,7 @@ where
             Some(Host::Tcp(name)) => name.clone(),
             _ => String::new(),
         };
-        let made = match (addrs.get(i), hosts.get(i)) {
-            (Some(ip), _) => tcp(&ip.to_string(), port, config).await,
-            (None, Some(Host::Tcp(name))) => tcp(name, port, config).await,
-            (None, Some(Host::Unix(dir))) => unix(dir, port, config).await,
-            (None, None) => unreachable!("count is the longer list's length"),
-        };
-        let stream = match made {
+        let stream = match open(config, i, port).await {
             Ok(stream) => Budgeted::new(stream, overrun),
             Err(e) => {
                 last = Some(ConnectError::Socket(e));
@@ -104,6 +80,38 @@ where
         }
     }
     Err(last.unwrap_or(ConnectError::Config("no host to connect to".into())))
+}
+
+/// How many hosts `config` names (with `host`, `hostaddr` or both), if it can be used.
+fn count(config: &Config) -> Result<usize, ConnectError> {
+    let (hosts, addrs, ports) = (
+        config.get_hosts(),
+        config.get_hostaddrs(),
+        config.get_ports(),
+    );
+    let count = hosts.len().max(addrs.len());
+    let bad = |why: &str| Err(ConnectError::Config(why.into()));
+    if count == 0 {
+        return bad("both host and hostaddr are missing");
+    }
+    if !hosts.is_empty() && !addrs.is_empty() && hosts.len() != addrs.len() {
+        return bad("as many hostaddr as hosts are needed");
+    }
+    if ports.len() > 1 && ports.len() != count {
+        return bad("invalid number of ports");
+    }
+    Ok(count)
+}
+
+/// The socket of host `i` of `config` at `port`: its `hostaddr` if given, else its
+/// name or Unix directory.
+async fn open(config: &Config, i: usize, port: u16) -> io::Result<Pin<Box<dyn Stream>>> {
+    match (config.get_hostaddrs().get(i), config.get_hosts().get(i)) {
+        (Some(ip), _) => tcp(&ip.to_string(), port, config).await,
+        (None, Some(Host::Tcp(name))) => tcp(name, port, config).await,
+        (None, Some(Host::Unix(dir))) => unix(dir, port, config).await,
+        (None, None) => Err(io::ErrorKind::InvalidInput.into()),
+    }
 }
 
 /// The start-up on `stream`, then the `target_session_attrs` check.

@@ -70,7 +70,7 @@
 //! - a grant *above* `--ttl` (the server's minimum is higher) leaves lockrun's deadline
 //!   earlier than the server's expiry, which is safe; only a crashed holder's lock lasts
 //!   up to the granted value (the queue node records it, and `status` shows it). So a
-//!   grant above both `--ttl` and [`GRANT_ABOVE_TTL`] is refused (125) and its session
+//!   grant above both `--ttl` and [`errors::GRANT_ABOVE_TTL`] is refused (125) and its session
 //!   closed: no server of a sane configuration gives one, and a hostile one (or anyone
 //!   in the middle of `zk://`) could make a crashed holder's lock last 24 days.
 //!
@@ -103,11 +103,6 @@
 //! **Client**: the `zookeeper-client` crate (pure Rust, async, its own connection task
 //! on our runtime). Its TLS feature would build a C cryptography library (aws-lc), so
 //! `zk://` has no TLS.
-
-/// The longest session a server may grant above `--ttl`: its `minSessionTimeout`
-/// raises a short `--ttl` to twice its `tickTime` (4 s by default); a minute allows a
-/// `tickTime` of 30 s, far longer than any ensemble uses.
-const GRANT_ABOVE_TTL: Duration = Duration::from_secs(60);
 
 mod errors;
 mod layout;
@@ -324,30 +319,13 @@ impl Backend for ZkBackend {
     async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
         let client = self.session(req.ttl).await?;
         let granted = client.session_timeout();
-        if granted > req.ttl.max(GRANT_ABOVE_TTL) {
-            // A crashed holder's lock would last the grant: close the session now.
+        if let Some(refusal) = errors::bad_grant(&self.at(), granted, req.ttl) {
+            // A grant too long would let a crashed holder's lock last it: close it now.
             self.session
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .take();
-            return Err(BackendError::Refused(format!(
-                "ZooKeeper at {} granted a session timeout of {} for --ttl {} (a crashed \
-                 holder would keep the lock that long): lower its minSessionTimeout, or use \
-                 another server",
-                self.at(),
-                crate::units::ms(granted),
-                crate::units::ms(req.ttl)
-            )));
-        }
-        if granted < req.ttl {
-            return Err(BackendError::Refused(format!(
-                "ZooKeeper at {} grants sessions of at most {} (its maxSessionTimeout), less \
-                 than --ttl {}: use --ttl {} or less, or raise maxSessionTimeout",
-                self.at(),
-                crate::units::ms(granted),
-                crate::units::ms(req.ttl),
-                crate::units::ms(granted)
-            )));
+            return Err(refusal);
         }
         let dir = self.dir(name);
         self.drop_stale(&client, &req.token).await?;
