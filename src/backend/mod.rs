@@ -10,8 +10,10 @@
 //! rest of the program knows backends only through the registry ([`registry::KINDS`]:
 //! the `--url` help and the unknown-scheme message are built from it) and through
 //! [`AnyBackend`]. Adding a backend is a new module and one line in that table. What
-//! every backend shares about URLs is the leaf [`url`].
+//! every backend shares about URLs is the leaf [`url`]; the byte budget of a reply on
+//! a connection, the leaf [`budget`].
 
+pub(crate) mod budget;
 pub(crate) mod conn;
 pub(crate) mod etcd;
 pub(crate) mod file;

@@ -72,11 +72,7 @@ async fn acquire_with<B: Backend>(
                 error,
                 warn,
                 attempts,
-            } => {
-                abandon(cfg, backend, &old).await;
-                log_retry(&error, warn, attempts, after);
-                tokio::time::sleep(after).await;
-            }
+            } => retry(cfg, backend, &policy, &old, (&error, warn, attempts, after)).await,
             Next::Fail {
                 error,
                 abandon: old,
@@ -84,7 +80,8 @@ async fn acquire_with<B: Backend>(
                 tried_for,
             } => {
                 if let Some(old) = old {
-                    abandon(cfg, backend, &old).await;
+                    let bound = policy.give_back_timeout(BootInstant::now(), true);
+                    give_back(cfg, backend, &old, bound).await;
                 }
                 return Err(gave_up(&error, attempts, tried_for));
             }
@@ -92,8 +89,25 @@ async fn acquire_with<B: Backend>(
     }
 }
 
-/// Sends one attempt, the policy's current request, within the request timeout. A
-/// signal meanwhile gives up.
+/// After a transient failure (`error`, warned about as `warn`, after `attempts`): gives
+/// back the token `old`, within the `--wait` left, then pauses `after` from the failure
+/// (the give-back's time included).
+async fn retry<B: Backend>(
+    cfg: &RunConfig,
+    backend: &B,
+    policy: &Policy,
+    old: &str,
+    (error, warn, attempts, after): (&BackendError, Warn, u32, Duration),
+) {
+    let resume = tokio::time::Instant::now() + after;
+    let bound = policy.give_back_timeout(BootInstant::now(), false);
+    give_back(cfg, backend, old, bound).await;
+    log_retry(error, warn, attempts, after);
+    tokio::time::sleep_until(resume).await;
+}
+
+/// Sends one attempt, the policy's current request, within the policy's attempt
+/// timeout. A signal meanwhile gives up.
 async fn send<B: Backend>(
     cfg: &RunConfig,
     backend: &B,
@@ -101,8 +115,9 @@ async fn send<B: Backend>(
     signals: &mut Signals,
 ) -> Result<Reply, Outcome> {
     let sent_at = BootInstant::now();
+    let timeout = policy.attempt_timeout(sent_at);
     let attempt = tokio::time::timeout(
-        request_timeout(cfg.ttl),
+        timeout,
         backend.acquire(cfg.name.as_str(), policy.request()),
     );
     let answer = unless_signalled(cfg, backend, policy, signals, "acquiring", attempt).await?;
@@ -117,7 +132,7 @@ async fn send<B: Backend>(
         },
         Ok(Ok(Acquire::Busy(holder))) => Reply::Busy(holder),
         Ok(Err(e)) => Reply::Failed(e),
-        Err(_elapsed) => Reply::TimedOut,
+        Err(_elapsed) => Reply::TimedOut(timeout),
     })
 }
 
@@ -164,12 +179,17 @@ async fn unless_signalled<B: Backend, T>(
 /// only if) it holds our token. Bounded by one request timeout in all: if it fails,
 /// the lease expires within the TTL anyway.
 pub(super) async fn abandon<B: Backend>(cfg: &RunConfig, backend: &B, token: &str) {
+    give_back(cfg, backend, token, request_timeout(cfg.ttl)).await;
+}
+
+/// [`abandon`], bounded by `bound` in all.
+async fn give_back<B: Backend>(cfg: &RunConfig, backend: &B, token: &str, bound: Duration) {
     let name = cfg.name.as_str();
     let cleanup = async {
         let _ = backend.stop_waiting(name).await;
         let _ = backend.release(name, token, Release::Now, None).await;
     };
-    let _ = tokio::time::timeout(request_timeout(cfg.ttl), cleanup).await;
+    let _ = tokio::time::timeout(bound, cleanup).await;
 }
 
 /// A failed attempt that is retried: a warning if the policy says so, else a debug line.

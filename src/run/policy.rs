@@ -43,6 +43,17 @@ const RETRY_CAP: Duration = Duration::from_secs(5);
 /// After the first warning about failed attempts, at most one this often.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
+/// The shortest timeout an attempt gets under `--wait`, however little of it is left
+/// (the last retry comes when it runs out): a healthy backend answers in milliseconds,
+/// so this only bounds how far a silent one can take the run past `--wait`.
+const MIN_ATTEMPT: Duration = Duration::from_millis(500);
+
+/// The longest the give-back after giving up may take. The attempt given back may have
+/// been applied unseen, and the give-back frees the lock before its TTL; but a backend
+/// that did not answer the attempt is unlikely to answer it, and the run must end close
+/// to the time its last line states.
+const GIVE_BACK_AT_END: Duration = Duration::from_secs(1);
+
 /// Where the policy's randomness comes from: the OS in a run, fixed values in tests.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Random {
@@ -67,7 +78,8 @@ pub(crate) struct Terms {
     pub lease: Params,
     /// `--wait`: how long a busy lock is waited for.
     pub wait: Duration,
-    /// The timeout of one attempt (for the message when it passes).
+    /// The longest timeout of one attempt; [`Policy::attempt_timeout`] cuts it to the
+    /// `--wait` left.
     pub request_timeout: Duration,
     /// The backend as shown in messages (`host:port`, never credentials).
     pub backend: String,
@@ -89,8 +101,8 @@ pub(crate) enum Reply {
     Busy(Holder),
     /// The backend answered with an error.
     Failed(BackendError),
-    /// No answer within the request timeout.
-    TimedOut,
+    /// No answer within the attempt's timeout, this long.
+    TimedOut(Duration),
 }
 
 /// A lease just taken.
@@ -209,6 +221,38 @@ impl Policy {
         &self.request
     }
 
+    /// The timeout of an attempt sent at `now`: the request timeout, cut to the
+    /// `--wait` left (at least [`MIN_ATTEMPT`]) when waiting, so that a silent backend
+    /// ends the run when `--wait` runs out, not a whole request timeout later. Without
+    /// `--wait` the one attempt gets the whole request timeout.
+    pub fn attempt_timeout(&self, now: BootInstant) -> Duration {
+        let full = self.terms.request_timeout;
+        if self.terms.wait.is_zero() {
+            return full;
+        }
+        // Rounded up to 10 ms: the first attempt, sent a few microseconds after the
+        // start, is given all of `--wait`, and its line says so in round figures.
+        let left = self
+            .give_up_at
+            .saturating_since(now)
+            .as_millis()
+            .div_ceil(10)
+            * 10;
+        let left = Duration::from_millis(u64::try_from(left).unwrap_or(u64::MAX));
+        left.clamp(MIN_ATTEMPT.min(full), full)
+    }
+
+    /// How long the give-back of an abandoned attempt may take at `now`: before a
+    /// retry, the `--wait` left (at most the request timeout); after giving up
+    /// (`at_end`), [`GIVE_BACK_AT_END`] at most.
+    pub fn give_back_timeout(&self, now: BootInstant, at_end: bool) -> Duration {
+        let full = self.terms.request_timeout;
+        if at_end {
+            return GIVE_BACK_AT_END.min(full);
+        }
+        self.give_up_at.saturating_since(now).min(full)
+    }
+
     /// Decides what follows `reply`, read at `now`.
     pub fn on_reply(&mut self, reply: Reply, now: BootInstant) -> Next {
         self.attempts = self.attempts.saturating_add(1);
@@ -247,11 +291,11 @@ impl Policy {
                 for_at_most: self.give_up_at.saturating_since(now),
             },
             Reply::Failed(error) => self.failed(error, now),
-            Reply::TimedOut => {
+            Reply::TimedOut(after) => {
                 let why = format!(
                     "the backend at {} did not answer within {}",
                     self.terms.backend,
-                    ms(self.terms.request_timeout)
+                    ms(after)
                 );
                 self.failed(BackendError::Unavailable(why), now)
             }

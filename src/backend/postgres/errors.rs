@@ -169,6 +169,54 @@ struct Reason {
     is_io: bool,
 }
 
+/// The refusal of a server (`at`) that sent more than the byte budget in answer to one
+/// request ([`crate::backend::budget`]).
+pub(super) fn too_large(at: &str) -> BackendError {
+    refused(
+        at,
+        format!(
+            "sent a reply larger than {}, more than lockrun ever asks for: it is not a \
+             PostgreSQL server, or something between rewrites its replies (sslmode=require \
+             or stronger keeps them intact)",
+            crate::backend::budget::REPLY_BUDGET_WORDS
+        ),
+    )
+}
+
+/// No socket to the server at `at` could be opened.
+pub(super) fn unreachable(e: &std::io::Error, at: &str) -> BackendError {
+    BackendError::Unavailable(format!("cannot reach PostgreSQL at {at}: {}", io_text(e)))
+}
+
+/// The URL's hosts cannot be used as given (`why`).
+pub(super) fn unusable(why: &str, at: &str) -> BackendError {
+    refused(at, format!("cannot be used: {why}"))
+}
+
+/// The server is not what `target_session_attrs` asks for (`why`).
+pub(super) fn session_attrs(why: &str, at: &str) -> BackendError {
+    BackendError::Unavailable(format!(
+        "PostgreSQL at {at} does not suit target_session_attrs: {why}"
+    ))
+}
+
+/// An I/O error in a few words, without addresses.
+fn io_text(io: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    match io.kind() {
+        ErrorKind::ConnectionRefused => "connection refused".to_owned(),
+        ErrorKind::TimedOut => "timed out".to_owned(),
+        ErrorKind::ConnectionReset
+        | ErrorKind::ConnectionAborted
+        | ErrorKind::BrokenPipe
+        | ErrorKind::UnexpectedEof => "connection closed".to_owned(),
+        _ => match io.get_ref() {
+            Some(inner) => inner.to_string(),
+            None => io.to_string(),
+        },
+    }
+}
+
 /// The innermost cause of `e`: an OS reason without addresses where there is one.
 fn reason(e: &tokio_postgres::Error) -> Reason {
     use std::error::Error as _;
@@ -177,18 +225,7 @@ fn reason(e: &tokio_postgres::Error) -> Reason {
     let mut last = None;
     while let Some(s) = source {
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            let text = match io.kind() {
-                ErrorKind::ConnectionRefused => "connection refused".to_owned(),
-                ErrorKind::TimedOut => "timed out".to_owned(),
-                ErrorKind::ConnectionReset
-                | ErrorKind::ConnectionAborted
-                | ErrorKind::BrokenPipe
-                | ErrorKind::UnexpectedEof => "connection closed".to_owned(),
-                _ => match io.get_ref() {
-                    Some(inner) => inner.to_string(),
-                    None => io.to_string(),
-                },
-            };
+            let text = io_text(io);
             // A TLS failure wrapped in an I/O error is not a network problem.
             let is_io = io.get_ref().is_none() || io.kind() != ErrorKind::InvalidData;
             return Reason { text, is_io };

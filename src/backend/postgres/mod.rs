@@ -113,13 +113,15 @@
 //! Files: `target.rs` (the URL and `--pg-table`), `sql.rs` (the statements),
 //! `slots.rs` (a semaphore's keys and statements, the name's lock, the queue's key),
 //! `requests.rs` (the lock's requests and the reading of their answers), `errors.rs`
-//! (error lines), `tls.rs` (rustls for `sslmode`).
+//! (error lines), `tls.rs` (rustls for `sslmode`), `socket.rs` (the connect, over
+//! sockets with a byte budget per reply).
 
 mod cancel_key;
 mod errors;
 mod keys;
 mod requests;
 mod slots;
+mod socket;
 mod sql;
 mod target;
 mod tls;
@@ -136,6 +138,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, Connection as PgConnection, NoTls, Row};
 
+use crate::backend::budget::Overrun;
 use crate::backend::conn::{Connection, InUse, Slot, Wakeups};
 use crate::backend::url::BackendConfig;
 use crate::backend::BackendError;
@@ -184,6 +187,9 @@ pub struct PostgresBackend {
     /// How this waiter is woken ([`Wake`]), found out when it first waits.
     wake: AtomicU8,
     slot: Slot<PgConn>,
+    /// Set once a connection's reply went over the byte budget (it is then dead, and
+    /// every error says so).
+    overrun: Overrun,
 }
 
 /// A connection and what rides on it; replaced as a whole after any failure.
@@ -242,6 +248,7 @@ impl PostgresBackend {
             ahead: AtomicU64::new(0),
             wake: AtomicU8::new(Wake::Unknown as u8),
             slot: Slot::default(),
+            overrun: Overrun::default(),
         }
     }
 
@@ -279,10 +286,12 @@ impl PostgresBackend {
         let (wake, wakeups) = mpsc::channel(1);
         let (client, driver) = if let Some(tls) = &self.target.tls {
             let tls = tls::MakeRustls::new(tls);
-            let (client, conn) = config.connect(tls).await.map_err(|e| self.error(&e))?;
+            let made = socket::connect(&config, tls, &self.overrun).await;
+            let (client, conn) = made.map_err(|e| self.connect_error(e))?;
             (client, tokio::spawn(drive(conn, wake)))
         } else {
-            let (client, conn) = config.connect(NoTls).await.map_err(|e| self.error(&e))?;
+            let made = socket::connect(&config, NoTls, &self.overrun).await;
+            let (client, conn) = made.map_err(|e| self.connect_error(e))?;
             (client, tokio::spawn(drive(conn, wake)))
         };
         let key_pid = key_pid(&client).await;
@@ -385,11 +394,25 @@ impl PostgresBackend {
     /// pooling mode is refused ([`statement_pooling`]), and a privilege error names the
     /// GRANT that fixes it ([`errors::privilege_error`]).
     fn error(&self, e: &tokio_postgres::Error) -> BackendError {
+        if self.overrun.happened() {
+            return errors::too_large(&self.display);
+        }
         if let Some(refusal) = statement_pooling(e, &self.display) {
             return refusal;
         }
         errors::privilege_error(e, &self.display, self.grantee())
             .unwrap_or_else(|| errors::describe(e, &self.display, &self.target.table))
+    }
+
+    /// Translates a failed connect.
+    fn connect_error(&self, e: socket::ConnectError) -> BackendError {
+        match e {
+            _ if self.overrun.happened() => errors::too_large(&self.display),
+            socket::ConnectError::Pg(e) => self.error(&e),
+            socket::ConnectError::Socket(e) => errors::unreachable(&e, &self.display),
+            socket::ConnectError::Config(why) => errors::unusable(&why, &self.display),
+            socket::ConnectError::SessionAttrs(why) => errors::session_attrs(why, &self.display),
+        }
     }
 
     /// The user and the lock table, for privilege errors.

@@ -25,7 +25,9 @@ use redis::{
 
 use super::errors::{self, describe_in, io_reason, Context};
 use super::probe;
+use super::socket;
 use super::target::RedisTarget;
+use crate::backend::budget::Overrun;
 use crate::backend::conn::{Connection, Slot, Wakeups};
 use crate::backend::tls::TlsFiles;
 use crate::backend::BackendError;
@@ -39,6 +41,8 @@ pub struct RedisConn {
     /// Whether the server has answered anything on it yet (a connection set up with
     /// `AUTH` or `SELECT` has).
     answered: AtomicBool,
+    /// Whether a reply went over its byte budget (the connection is then dead).
+    overrun: Overrun,
 }
 
 impl Connection for RedisConn {}
@@ -53,6 +57,9 @@ impl RedisConn {
         ctx: &Context<'_>,
         script: Option<super::scripts::Script>,
     ) -> BackendError {
+        if self.overrun.happened() {
+            return errors::too_large(ctx.at);
+        }
         if ctx.tls.is_none()
             && e.is_connection_dropped()
             && !self.answered.load(Ordering::Relaxed)
@@ -76,23 +83,33 @@ impl RedisConn {
 pub type RedisSlot = Slot<RedisConn>;
 
 /// A connection subscribed to one waiter's wake-up channel: every message on it is a
-/// wake-up. Its end (the server or the network closed it) ends the stream.
+/// wake-up. Its end (the server or the network closed it, or a message over the byte
+/// budget) ends the stream.
 pub struct Subscriber {
-    messages: Wakeups<PubSubStream>,
+    messages: Wakeups<Messages>,
+}
+
+/// The messages of a subscription, and its byte budget (each message taken starts it
+/// afresh: nothing is written on a subscribed connection).
+pub struct Messages {
+    stream: PubSubStream,
+    overrun: Overrun,
 }
 
 impl Connection for Subscriber {}
 
 impl Subscriber {
     /// The wake-ups of this connection (subscribed from the start).
-    pub fn messages(&self) -> &Wakeups<PubSubStream> {
+    pub fn messages(&self) -> &Wakeups<Messages> {
         &self.messages
     }
 }
 
 /// Waits for the next wake-up on `messages`: `None` when the connection is gone.
-pub async fn next_wakeup(messages: &mut PubSubStream) -> Option<()> {
-    messages.next().await.map(|_| ())
+pub async fn next_wakeup(messages: &mut Messages) -> Option<()> {
+    let message = messages.stream.next().await;
+    messages.overrun.reset();
+    message.map(|_| ())
 }
 
 /// The subscriber slot of one Redis server.
@@ -132,8 +149,10 @@ pub async fn connect(target: &RedisTarget, at: &str) -> Result<RedisConn, Backen
     let addr = info.addr().clone();
     // Something is exchanged while connecting: AUTH or SELECT.
     let exchanged = info.redis_settings().password().is_some() || info.redis_settings().db() != 0;
-    let client = client(info, target.tls.as_ref()).map_err(|e| describe_in(&e, &ctx, None))?;
-    let connecting = client.get_multiplexed_async_connection_with_config(&conn_config);
+    // The client checks the TLS files as the library reads them; the socket is ours.
+    client(info.clone(), target.tls.as_ref()).map_err(|e| describe_in(&e, &ctx, None))?;
+    let overrun = Overrun::default();
+    let connecting = socket::multiplexed(&info, target.tls.as_ref(), conn_config, &overrun);
     let mut connecting = std::pin::pin!(connecting);
     let made = if target.tls.is_some() {
         tokio::select! {
@@ -156,15 +175,23 @@ pub async fn connect(target: &RedisTarget, at: &str) -> Result<RedisConn, Backen
             }
             return Err(describe_in(&e, &ctx, None));
         }
+        Err(_) if overrun.happened() => return Err(errors::too_large(at)),
         Err(e) => return Err(describe_in(&e, &ctx, None)),
     };
     if target.sentinel.is_some() {
-        insist_on_master(&mut conn, &ctx).await?;
+        insist_on_master(&mut conn, &ctx).await.map_err(|e| {
+            if overrun.happened() {
+                errors::too_large(at)
+            } else {
+                e
+            }
+        })?;
     }
     Ok(RedisConn {
         conn,
         addr,
         answered: AtomicBool::new(exchanged || target.sentinel.is_some()),
+        overrun: overrun.clone(),
     })
 }
 
@@ -176,9 +203,9 @@ pub async fn subscribe(
     ctx: &Context<'_>,
 ) -> Result<Subscriber, String> {
     let (info, _) = resolve(target).await.map_err(|e| e.to_string())?;
-    let client = client(info, target.tls.as_ref()).map_err(|e| reason(&e, ctx))?;
-    let mut pubsub = client
-        .get_async_pubsub()
+    client(info.clone(), target.tls.as_ref()).map_err(|e| reason(&e, ctx))?;
+    let overrun = Overrun::default();
+    let mut pubsub = socket::pubsub(&info, target.tls.as_ref(), &overrun)
         .await
         .map_err(|e| format!("connecting: {}", reason(&e, ctx)))?;
     pubsub
@@ -186,7 +213,7 @@ pub async fn subscribe(
         .await
         .map_err(|e| format!("SUBSCRIBE: {}", reason(&e, ctx)))?;
     let (_, stream) = pubsub.split();
-    let messages = Wakeups::new(Some(stream));
+    let messages = Wakeups::new(Some(Messages { stream, overrun }));
     messages.set_subscribed();
     Ok(Subscriber { messages })
 }

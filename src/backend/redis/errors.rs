@@ -64,6 +64,19 @@ impl<'a> Context<'a> {
     }
 }
 
+/// The refusal of a server (`at`, `host:port`) that sent a reply over the byte budget
+/// ([`crate::backend::budget`]): not a Redis server lockrun can use, or something in
+/// the way rewrites its replies.
+pub fn too_large(at: &str) -> BackendError {
+    BackendError::Refused(format!(
+        "the Redis server at {at} sent a reply larger than {} (or of more than {} \
+         values), more than lockrun ever asks for: it is not a Redis server, or something \
+         between rewrites its replies (rediss:// keeps them intact)",
+        crate::backend::budget::REPLY_BUDGET_WORDS,
+        crate::backend::budget::REPLY_LINES
+    ))
+}
+
 /// Translates a client error from the server at `at` (`host:port`), knowing nothing
 /// else about the connection (a Sentinel's).
 pub fn describe(e: &RedisError, at: &str) -> BackendError {
@@ -114,7 +127,10 @@ pub fn describe_in(e: &RedisError, ctx: &Context<'_>, script: Option<Script>) ->
         ErrorKind::Server(_)
         | ErrorKind::Extension
         | ErrorKind::UnexpectedReturnType
-        | ErrorKind::Parse => refused(format!("answered with an error: {code} {detail}")),
+        | ErrorKind::Parse => refused(format!(
+            "answered with an error: {}",
+            one_line(&format!("{code} {detail}"))
+        )),
         // lockrun speaks RESP2 only (it never sends HELLO), so a server without RESP3
         // is no reason to refuse; the client library's kind is kept for completeness.
         ErrorKind::InvalidClientConfig | ErrorKind::RESP3NotSupported => {
@@ -345,3 +361,9 @@ fn tls_line(e: &RedisError, ctx: &Context<'_>) -> Option<String> {
 
 #[cfg(test)]
 mod tests;
+
+/// `text` on one line: a server's words (a parse error quotes what it sent) may hold
+/// line breaks and runs of blanks.
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}

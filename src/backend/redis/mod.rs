@@ -83,6 +83,7 @@ mod replies;
 mod requests;
 mod scripts;
 pub(crate) mod sentinel;
+mod socket;
 mod target;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};

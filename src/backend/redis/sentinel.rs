@@ -32,6 +32,7 @@ use super::conn::client;
 use super::errors::{describe, describe_in, Context};
 use super::probe;
 use super::target::{self, RedisTarget};
+use crate::backend::budget::Overrun;
 use crate::backend::tls::TlsFiles;
 use crate::backend::url::UrlError;
 use crate::backend::url::{host_list, split_userinfo};
@@ -243,15 +244,18 @@ impl Sentinels {
             .map_err(|e| describe_in(&e, &ctx, None))?;
         let port = info.addr().clone();
         let settings = info.redis_settings().clone().set_skip_set_lib_name();
-        let client = client(info.set_redis_settings(settings), tls)
-            .map_err(|e| describe_in(&e, &ctx, None))?;
-        let made = connect(&client, addr, tls.is_some(), &port).await?;
+        let info = info.set_redis_settings(settings);
+        // The client checks the TLS files as the library reads them; the socket is ours.
+        client(info.clone(), tls).map_err(|e| describe_in(&e, &ctx, None))?;
+        let overrun = Overrun::default();
+        let made = connect(&info, tls, addr, &port, &overrun).await?;
         let replies: RedisResult<Vec<RedisResult<Value>>> = match made {
             Ok(mut conn) => self.question().query_async(&mut conn).await,
             Err(e) => Err(e),
         };
         let replies = match replies {
             Ok(replies) => replies,
+            Err(_) if overrun.happened() => return Err(super::errors::too_large(&at)),
             Err(e)
                 if tls.is_none()
                     && e.is_connection_dropped()
@@ -378,17 +382,20 @@ impl Sentinels {
     }
 }
 
-/// Connects `client` to Sentinel `addr`. Over TLS (`tls`), a handshake that takes long
-/// has the port (`port`) looked at: one that answers in plain text is refused.
+/// Connects to Sentinel `addr` (`info`), over a socket counted by `overrun`. Over TLS
+/// (`tls`), a handshake that takes long has the port (`port`) looked at: one that
+/// answers in plain text is refused.
 async fn connect(
-    client: &redis::Client,
+    info: &redis::ConnectionInfo,
+    tls: Option<&TlsFiles>,
     addr: &str,
-    tls: bool,
     port: &redis::ConnectionAddr,
+    overrun: &Overrun,
 ) -> Result<RedisResult<redis::aio::MultiplexedConnection>, BackendError> {
-    let connecting = client.get_multiplexed_async_connection();
+    let config = redis::AsyncConnectionConfig::new();
+    let connecting = super::socket::multiplexed(info, tls, config, overrun);
     let mut connecting = std::pin::pin!(connecting);
-    if !tls {
+    if tls.is_none() {
         return Ok(connecting.await);
     }
     Ok(tokio::select! {

@@ -69,7 +69,10 @@
 //!   backend reports a lease of its own to it, and none needs to;
 //! - a grant *above* `--ttl` (the server's minimum is higher) leaves lockrun's deadline
 //!   earlier than the server's expiry, which is safe; only a crashed holder's lock lasts
-//!   up to the granted value (the queue node records it, and `status` shows it).
+//!   up to the granted value (the queue node records it, and `status` shows it). So a
+//!   grant above both `--ttl` and [`errors::GRANT_ABOVE_TTL`] is refused (125) and its session
+//!   closed: no server of a sane configuration gives one, and a hostile one (or anyone
+//!   in the middle of `zk://`) could make a crashed holder's lock last 24 days.
 //!
 //! A renewal is an explicit request: `sync` (which a follower must pass to the leader,
 //! so a server cut off from the quorum cannot answer it) then an `exists` of our node,
@@ -97,9 +100,8 @@
 //! **ACLs**: nodes are created readable and writable by anyone, or, with a user and
 //! password in the URL (ZooKeeper's `digest` scheme), by that identity only.
 //!
-//! **Client**: the `zookeeper-client` crate (pure Rust, async, its own connection task
-//! on our runtime). Its TLS feature would build a C cryptography library (aws-lc), so
-//! `zk://` has no TLS.
+//! **Client**: `zookeeper-client` (pure Rust, async, its connection task on our runtime);
+//! its TLS feature would build aws-lc, a C library, so `zk://` has no TLS.
 
 mod errors;
 mod layout;
@@ -107,6 +109,7 @@ mod leave;
 mod look;
 mod place;
 mod queue;
+mod relay;
 mod slots;
 mod target;
 
@@ -143,6 +146,9 @@ pub struct ZkBackend {
     /// The session: made by the first call, kept for the whole run (our nodes live and
     /// die with it), made again only once it has ended.
     session: Mutex<Option<Client>>,
+    /// The relays the client reaches the servers through (`relay.rs`), made with the
+    /// first session.
+    relays: tokio::sync::OnceCell<relay::Relays>,
     local: Mutex<Local>,
 }
 
@@ -231,6 +237,7 @@ impl ZkBackend {
             slots: config.slots,
             waiting,
             session: Mutex::new(None),
+            relays: tokio::sync::OnceCell::new(),
             local: Mutex::new(Local::default()),
         }
     }
@@ -263,6 +270,9 @@ impl ZkBackend {
 
     /// Translates a client error met on `path`.
     fn error(&self, e: &zookeeper_client::Error, path: &str) -> BackendError {
+        if let Some(server) = self.relays.get().and_then(|r| r.overrun()) {
+            return errors::too_large(server);
+        }
         describe(e, &self.at(), path)
     }
 
@@ -277,8 +287,18 @@ impl ZkBackend {
         if let Some(digest) = &self.target.digest {
             connector = connector.with_auth("digest", digest.as_bytes());
         }
+        let relays = self
+            .relays
+            .get_or_try_init(|| relay::Relays::start(&self.target.servers))
+            .await
+            .map_err(|e| {
+                BackendError::Unavailable(format!(
+                    "cannot relay to ZooKeeper at {}: {e}",
+                    self.at()
+                ))
+            })?;
         let client = connector
-            .connect(&self.target.connect_string())
+            .connect(&relays.connect_string(&self.target.chroot))
             .await
             .map_err(|e| self.error(&e, "/"))?;
         *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(client.clone());
@@ -298,15 +318,13 @@ impl Backend for ZkBackend {
     async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
         let client = self.session(req.ttl).await?;
         let granted = client.session_timeout();
-        if granted < req.ttl {
-            return Err(BackendError::Refused(format!(
-                "ZooKeeper at {} grants sessions of at most {} (its maxSessionTimeout), less \
-                 than --ttl {}: use --ttl {} or less, or raise maxSessionTimeout",
-                self.at(),
-                crate::units::ms(granted),
-                crate::units::ms(req.ttl),
-                crate::units::ms(granted)
-            )));
+        if let Some(refusal) = errors::bad_grant(&self.at(), granted, req.ttl) {
+            // A grant too long would let a crashed holder's lock last it: close it now.
+            self.session
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            return Err(refusal);
         }
         let dir = self.dir(name);
         self.drop_stale(&client, &req.token).await?;

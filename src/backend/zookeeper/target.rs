@@ -42,13 +42,6 @@ impl std::fmt::Debug for ZkTarget {
     }
 }
 
-impl ZkTarget {
-    /// The client's connect string: `h:p,h:p[/chroot]`.
-    pub fn connect_string(&self) -> String {
-        format!("{}{}", self.servers.join(","), self.chroot)
-    }
-}
-
 impl Target for ZkTarget {
     fn display(&self) -> String {
         format!("{}{}", self.servers.join(","), self.chroot)
@@ -141,7 +134,7 @@ mod tests {
         .unwrap();
         assert_eq!(t.servers, vec!["10.0.0.1:2181", "10.0.0.2:2181"]);
         assert_eq!(t.chroot, "/jobs/locks");
-        assert_eq!(t.connect_string(), "10.0.0.1:2181,10.0.0.2:2181/jobs/locks");
+        assert_eq!(t.display(), "10.0.0.1:2181,10.0.0.2:2181/jobs/locks");
         assert!(t.digest.is_none());
         let t = parse("zk://h:2181/", &ctx(&a, None)).unwrap();
         assert_eq!((t.chroot.as_str(), t.display()), ("", "h:2181".to_owned()));

@@ -115,7 +115,7 @@ fn an_answer_after_the_deadline_less_the_grace_is_not_taken() {
 fn ambiguous_attempts_abandon_their_token_and_the_next_uses_a_new_one() {
     let mut p = policy();
     let mut used = vec![p.request().token.clone()];
-    for (reply, now) in [(Reply::TimedOut, 2000), (unavailable(), 3000)] {
+    for (reply, now) in [(Reply::TimedOut(1000 * MS), 2000), (unavailable(), 3000)] {
         match p.on_reply(reply, at(now)) {
             Next::Retry { abandon, .. } => assert_eq!(&abandon, used.last().unwrap()),
             other => panic!("a transient failure is retried: {other:?}"),
@@ -135,7 +135,7 @@ fn ambiguous_attempts_abandon_their_token_and_the_next_uses_a_new_one() {
 #[test]
 fn a_timeout_says_which_backend_did_not_answer_and_how_long_it_was_given() {
     let mut p = policy();
-    match p.on_reply(Reply::TimedOut, at(2000)) {
+    match p.on_reply(Reply::TimedOut(1000 * MS), at(2000)) {
         Next::Retry { error, .. } => assert_eq!(
             error.to_string(),
             "the backend at 127.0.0.1:6379 did not answer within 1s"
@@ -196,7 +196,7 @@ fn the_last_retry_comes_when_wait_runs_out_and_a_failure_then_gives_up() {
 fn without_wait_a_transient_failure_fails() {
     let mut p = policy_waiting(Duration::ZERO);
     assert!(matches!(
-        p.on_reply(Reply::TimedOut, at(1000)),
+        p.on_reply(Reply::TimedOut(1000 * MS), at(1000)),
         Next::Fail {
             abandon: Some(_),
             attempts: 1,
@@ -239,7 +239,7 @@ fn the_pause_is_full_jitter_from_0_to_the_ceiling() {
 fn an_answer_from_the_backend_starts_the_backoff_over() {
     let mut p = policy();
     p.on_reply(unavailable(), at(1000));
-    p.on_reply(Reply::TimedOut, at(2000));
+    p.on_reply(Reply::TimedOut(1000 * MS), at(2000));
     assert_eq!(p.failures, 2);
     p.on_reply(Reply::Busy(holder()), at(3000));
     assert_eq!(p.failures, 0);

@@ -6,9 +6,11 @@
 //!
 //! Beside it: `grants` (least-privilege roles, and the line of each missing
 //! permission), `tls` (verified TLS, client certificates, and the line of each refused
-//! set-up), `pgbouncer` (PostgreSQL through PgBouncer, in each pool mode).
+//! set-up), `pgbouncer` (PostgreSQL through PgBouncer, in each pool mode), `hostile` (a server
+//! that sends without end, or never answers).
 
 mod grants;
+mod hostile;
 mod pgbouncer;
 mod tls;
 

@@ -3,15 +3,16 @@
 //! (`cluster`), Redlock over several servers (`redlock`), Sentinel and failover
 //! (`sentinel`), passwords (`auth`), `rediss://` (`tls`), the ACL rule the docs state
 //! (`acl`), the line of each misconfigured connection (`errors`), the last run's record
-//! (`records`), and Redis behind
-//! twemproxy or without `HELLO` or `SUBSCRIBE` (`proxies`). The contract every backend
-//! keeps is tested in the conformance suite.
+//! (`records`), Redis behind twemproxy or without `HELLO` or `SUBSCRIBE` (`proxies`),
+//! and a hostile server (`hostile`). The contract every backend keeps is tested in the
+//! conformance suite.
 
 mod acl;
 mod auth;
 mod cluster;
 mod errors;
 mod eviction;
+mod hostile;
 mod keys;
 mod proxies;
 mod records;

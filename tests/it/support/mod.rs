@@ -7,6 +7,8 @@
 //!   and 3 replicas), `etcd`, `pg` (private PostgreSQL clusters, and a fresh lock table
 //!   in one), `pgbouncer` (PgBouncer in front of one, in each pool mode); `tls` makes
 //!   their certificates;
+//! - `fake_server`: a hostile or broken server (silence, garbage, replies without end,
+//!   a ZooKeeper session grant of the test's choosing), and lockrun's peak memory;
 //! - `proxy`: the fault-injecting TCP proxy (pass, blackhole, cut, refuse, latency, held
 //!   back requests, traffic watching); `clock`: the boot clock and a fake wall clock;
 //! - `backends`: every backend behind one interface, for the conformance suite (the
@@ -24,6 +26,7 @@ mod backends;
 mod clock;
 mod cluster;
 mod etcd;
+mod fake_server;
 mod history;
 mod job;
 mod nutcracker;
@@ -48,6 +51,9 @@ pub use backends::{
 pub use clock::{boottime, FakeClock};
 pub use cluster::RedisCluster;
 pub use etcd::{etcd_key, etcd_slot_key, EtcdServer};
+pub use fake_server::{
+    assert_endless_reply_refused, assert_silence_ends_with_wait, Behaviour, FakeServer,
+};
 pub use history::{
     crowded, most_inside, overlaps, reused_tokens, slot_overlaps, Sections, SlotSections, SlotSpan,
     Span,

@@ -7,6 +7,8 @@
 //! slot, a conflicting N refused, the hold node of each slot. The contract every
 //! backend keeps is tested in the conformance suite.
 
+mod hostile;
+
 use std::thread;
 use std::time::{Duration, Instant};
 
