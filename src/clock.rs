@@ -133,6 +133,41 @@ impl Timer {
     }
 }
 
+/// A POSIX timer on `CLOCK_BOOTTIME` that has the kernel send this process SIGCONT at
+/// an instant: a process stopped then (SIGSTOP, SIGTSTP) is continued with no other
+/// process's help, since a SIGCONT continues a stopped process the moment it is sent,
+/// whatever its disposition; a running process ignores it (the default action). It is
+/// how lockrun and its guard make sure that a stop never outlasts a lease deadline.
+/// Not inherited across `fork` (each process makes its own), gone at `exec`.
+pub struct ContinueAt(nix::sys::timer::Timer);
+
+impl ContinueAt {
+    /// Creates a disarmed one.
+    pub fn new() -> io::Result<ContinueAt> {
+        use nix::sys::signal::{SigEvent, SigevNotify, Signal};
+        let event = SigEvent::new(SigevNotify::SigevSignal {
+            signal: Signal::SIGCONT,
+            si_value: 0,
+        });
+        let timer = nix::sys::timer::Timer::new(nix::time::ClockId::CLOCK_BOOTTIME, event)?;
+        Ok(ContinueAt(timer))
+    }
+
+    /// Arms it for `since_boot` on `CLOCK_BOOTTIME` (at once if that has passed),
+    /// replacing the instant armed before.
+    pub fn set(&mut self, since_boot: Duration) -> io::Result<()> {
+        // A zero it_value would disarm the timer: never ask for time zero.
+        let at = since_boot.max(Duration::from_nanos(1));
+        self.0
+            .set(
+                nix::sys::timer::Expiration::OneShot(TimeSpec::from_duration(at)),
+                // (On Linux, timerfd's flag is TIMER_ABSTIME, 1.)
+                nix::sys::timer::TimerSetTimeFlags::TFD_TIMER_ABSTIME,
+            )
+            .map_err(io::Error::from)
+    }
+}
+
 /// Registers the timer with tokio's reactor.
 #[allow(unsafe_code)]
 fn register(fd: OwnedTimerFd) -> io::Result<AsyncFd<OwnedTimerFd>> {
@@ -182,6 +217,17 @@ mod tests {
             .await
             .expect("a timer armed in the past fires at once")
             .unwrap();
+    }
+
+    #[test]
+    fn a_continue_alarm_that_fires_on_a_running_process_changes_nothing() {
+        // SIGCONT to a running process is ignored (its default action): the test goes
+        // on. (That it continues a stopped one is checked on real processes, by
+        // tests/it/containment/stopped.rs.)
+        let mut alarm = ContinueAt::new().unwrap();
+        alarm.set(BootInstant::now().since_boot()).unwrap();
+        alarm.set(Duration::ZERO).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
     }
 
     #[tokio::test(flavor = "current_thread")]

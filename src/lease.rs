@@ -45,6 +45,9 @@ pub enum StopReason {
     Forwarded,
     /// The guard process died: nothing would stop the job if lockrun died too.
     GuardLost,
+    /// The guard process was held stopped (a tracer, or stopped again at once after
+    /// lockrun continued it): the same danger.
+    GuardStopped,
 }
 
 impl StopReason {
@@ -55,7 +58,8 @@ impl StopReason {
             StopReason::LeaseLost
             | StopReason::LeaseExpiring
             | StopReason::TimerFailed
-            | StopReason::GuardLost => true,
+            | StopReason::GuardLost
+            | StopReason::GuardStopped => true,
             StopReason::MaxRuntime | StopReason::Leftovers | StopReason::Forwarded => false,
         }
     }
@@ -70,6 +74,7 @@ impl StopReason {
             StopReason::TimerFailed => "timer_failed",
             StopReason::Forwarded => "forwarded_signal",
             StopReason::GuardLost => "guard_lost",
+            StopReason::GuardStopped => "guard_stopped",
         }
     }
 
@@ -88,6 +93,9 @@ impl StopReason {
             }
             StopReason::GuardLost => {
                 "lockrun's guard process died, so nothing would stop the job if lockrun died too"
+            }
+            StopReason::GuardStopped => {
+                "lockrun's guard process was held stopped, so nothing would stop the job if lockrun died"
             }
         }
     }
@@ -156,6 +164,8 @@ pub enum Event {
     Forwarded,
     /// The guard process died.
     GuardLost,
+    /// The guard process stays stopped whatever lockrun does.
+    GuardStopped,
 }
 
 /// A signal for the whole process group.
@@ -346,7 +356,8 @@ impl Machine {
                 | Event::CommandExited
                 | Event::TimerFailed
                 | Event::Forwarded
-                | Event::GuardLost,
+                | Event::GuardLost
+                | Event::GuardStopped,
             ) => held,
             (lost @ Lease::Lost { .. }, _) => lost,
             (Lease::Expired, _) => Lease::Expired,
@@ -358,7 +369,8 @@ impl Machine {
     fn next_stop(&mut self, event: Event, now: BootInstant) -> Option<GroupSignal> {
         match event {
             Event::TimerFailed => return self.kill_now(),
-            Event::GuardLost => return self.kill_for_lost_guard(),
+            Event::GuardLost => return self.kill_for_guard(StopReason::GuardLost),
+            Event::GuardStopped => return self.kill_for_guard(StopReason::GuardStopped),
             Event::Tick
             | Event::RenewOk
             | Event::RenewFailed
@@ -447,15 +459,14 @@ impl Machine {
         Some(GroupSignal::Kill(reason))
     }
 
-    /// The guard died: SIGKILL now (unless it was sent already), for that reason.
-    fn kill_for_lost_guard(&mut self) -> Option<GroupSignal> {
+    /// The guard died or is held stopped (`reason`): SIGKILL now, unless it was sent
+    /// already.
+    fn kill_for_guard(&mut self, reason: StopReason) -> Option<GroupSignal> {
         match self.stop {
             Stop::Killed { .. } => None,
             Stop::Running | Stop::Terminating { .. } => {
-                self.stop = Stop::Killed {
-                    reason: StopReason::GuardLost,
-                };
-                Some(GroupSignal::Kill(StopReason::GuardLost))
+                self.stop = Stop::Killed { reason };
+                Some(GroupSignal::Kill(reason))
             }
         }
     }

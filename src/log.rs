@@ -142,6 +142,8 @@ events! {
     Contained => "contained",
     /// lockrun's guard process died; the job was stopped.
     GuardLost => "guard_lost",
+    /// lockrun's guard process was stopped: continued, or the job stopped if it stays so.
+    GuardStopped => "guard_stopped",
     /// Log lines were dropped because stderr did not take them in time.
     LogDropped => "log_dropped",
 }
@@ -453,6 +455,7 @@ mod tests {
                 "password_in_clear",
                 "contained",
                 "guard_lost",
+                "guard_stopped",
                 "log_dropped",
             ]
         );

@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::backend::{AcquireRequest, Backend, BackendError, EndedBy, Release, RunEnd};
-use crate::clock::{BootInstant, Timer};
+use crate::clock::{BootInstant, ContinueAt, Timer};
 use crate::config::RunConfig;
 use crate::lease::Params;
 use crate::log::{emit, Event, Level};
@@ -88,14 +88,12 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
         }
     };
     let hold = backend.lock_fds(cfg.name.as_str());
-    // The guard knows the lease's deadline before the command exists (the supervise
-    // loop sends each later one).
-    let params = Params::new(cfg.ttl, cfg.renew_every, cfg.kill_after);
-    guard.deadline(params.deadline_from(taken.sent_at).since_boot());
+    let alarm = first_deadline(cfg, &taken, &guard);
     let ended = match Job::start(guard, &env, &hold, request_timeout(cfg.ttl)) {
         Ok(mut job) => {
             log_contained(&job);
-            let ended = supervise(cfg, backend, &mut signals, &mut job, &taken, timer).await;
+            let timers = (timer, alarm);
+            let ended = supervise(cfg, backend, &mut signals, &mut job, &taken, timers).await;
             // The whole job is gone: the guard may let go of the lock's files.
             job.done();
             ended
@@ -114,6 +112,34 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
         outcome: ended.outcome,
         waited: taken.waited,
         held: hold,
+    }
+}
+
+/// Gives the guard the lease's deadline before the command exists (the supervise loop
+/// sends each later one), and sets lockrun's own alarm to it: stopped from now on,
+/// lockrun is continued at the deadline.
+fn first_deadline(cfg: &RunConfig, taken: &Taken, guard: &Guard) -> Option<ContinueAt> {
+    let params = Params::new(cfg.ttl, cfg.renew_every, cfg.kill_after);
+    let first = params.deadline_from(taken.sent_at).since_boot();
+    guard.deadline(first);
+    continue_alarm(first)
+}
+
+/// lockrun's alarm for its lease deadlines ([`ContinueAt`]), set to `first` (time since
+/// boot). Without one (the kernel refused a timer), a stopped lockrun is left to its
+/// guard, and lockrun says so.
+fn continue_alarm(first: Duration) -> Option<ContinueAt> {
+    match ContinueAt::new().and_then(|mut a| a.set(first).map(|()| a)) {
+        Ok(a) => Some(a),
+        Err(e) => {
+            let msg = format!(
+                "cannot set an alarm to continue lockrun at the lease deadline ({e}): if \
+                 lockrun is stopped and its guard killed, the job runs until lockrun is \
+                 continued"
+            );
+            emit(Level::Warn, Event::GuardStopped, &msg, &[]);
+            None
+        }
     }
 }
 

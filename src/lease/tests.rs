@@ -273,6 +273,7 @@ fn killed_state_ignores_every_event_but_keeps_renewing() {
         Event::TimerFailed,
         Event::Forwarded,
         Event::GuardLost,
+        Event::GuardStopped,
     ] {
         assert_eq!(m.step(ev, at(1600)).signal, None);
     }
@@ -347,6 +348,7 @@ fn expired_and_lost_leases_never_renew_or_signal_twice() {
         Event::TimerFailed,
         Event::Forwarded,
         Event::GuardLost,
+        Event::GuardStopped,
     ] {
         let mut m = machine();
         m.step(Event::Tick, at(DEADLINE));

@@ -15,12 +15,12 @@ use tokio::time::error::Elapsed;
 use super::policy::Taken;
 use super::{request_timeout, Ended, LeaseAtEnd};
 use crate::backend::{Backend, BackendError};
-use crate::clock::{BootInstant, Timer};
+use crate::clock::{BootInstant, ContinueAt, Timer};
 use crate::config::RunConfig;
 use crate::lease::{Event, GroupSignal, Lease, Machine, Params, Stop, StopReason};
 use crate::log::{emit, Event as LogEvent, Level};
 use crate::outcome::Outcome;
-use crate::supervisor::{reap, ChildExit, FromGuard, Job, Received, Signals};
+use crate::supervisor::{reap, ChildExit, FromGuard, GuardStop, Job, Received, Signals};
 
 type Renewal<'a> = Pin<Box<dyn Future<Output = Result<Result<(), BackendError>, Elapsed>> + 'a>>;
 
@@ -47,7 +47,7 @@ pub(super) async fn supervise<B: Backend>(
     signals: &mut Signals,
     job: &mut Job,
     taken: &Taken,
-    mut timer: Timer,
+    (mut timer, mut alarm): (Timer, Option<ContinueAt>),
 ) -> Ended {
     let params = Params::new(cfg.ttl, cfg.renew_every, cfg.kill_after);
     let mut machine = Machine::new(params, taken.sent_at, BootInstant::now(), cfg.max_runtime);
@@ -55,8 +55,8 @@ pub(super) async fn supervise<B: Backend>(
     let reports = watch_guard(job);
     let mut end = JobEnd::default();
     let mut failures = 0u32;
-    let mut told_guard = None;
-    tell_guard(job, &machine, &mut told_guard);
+    let mut told = None;
+    tell_deadline(job, &mut alarm, &machine, &mut told);
     while !((end.leader.is_some() || job.is_guard_lost()) && end.empty) {
         let event = match arm(&mut timer, &machine) {
             Some(failed) => Some(failed),
@@ -76,9 +76,15 @@ pub(super) async fn supervise<B: Backend>(
         }
         let now = BootInstant::now();
         let actions = machine.step(event.unwrap_or(Event::Tick), now);
-        tell_guard(job, &machine, &mut told_guard);
-        if let Some(signal) = actions.signal {
-            carry_out(cfg, job, signal);
+        tell_deadline(job, &mut alarm, &machine, &mut told);
+        match actions.signal {
+            Some(signal) => carry_out(cfg, job, signal),
+            // Killed already, with the guard as the job's root: what it left is now
+            // below lockrun, and must not wait for the next drain poll.
+            None if event == Some(Event::GuardLost) => {
+                job.signal(nix::sys::signal::Signal::SIGKILL)
+            }
+            None => {}
         }
         if !machine.holds_lease() {
             renewal = None;
@@ -163,13 +169,23 @@ async fn next_event(
     }
 }
 
-/// Gives the guard the lease's deadline when it moved: the guard's own kill, should
-/// lockrun be stopped then.
-fn tell_guard(job: &Job, machine: &Machine, told: &mut Option<BootInstant>) {
+/// Gives the guard the lease's deadline when it moved (the guard's own kill, should
+/// lockrun be stopped then), and sets lockrun's own alarm to it: stopped at the
+/// deadline, lockrun is continued by the kernel and kills the job itself, even if its
+/// guard was killed meanwhile (the job then is lockrun's alone).
+fn tell_deadline(
+    job: &Job,
+    alarm: &mut Option<ContinueAt>,
+    machine: &Machine,
+    told: &mut Option<BootInstant>,
+) {
     let deadline = lease_deadline(machine);
     if deadline != *told {
         if let Some(d) = deadline {
             job.set_deadline(d.since_boot());
+            if let Some(a) = alarm.as_mut() {
+                let _ = a.set(d.since_boot());
+            }
         }
         *told = deadline;
     }
@@ -287,6 +303,9 @@ fn on_signal(received: Received, job: &mut Job, end: &mut JobEnd) -> Option<Even
             if reaped.guard {
                 return guard_gone(job, end);
             }
+            if reaped.guard_stopped && !job.is_guard_lost() {
+                return guard_stopped(job);
+            }
             None
         }
         Received::Forward(sig) => {
@@ -303,6 +322,29 @@ fn on_signal(received: Received, job: &mut Job, end: &mut JobEnd) -> Option<Even
     }
 }
 
+/// The guard was found stopped: lockrun continued it. If it stays stopped (a tracer)
+/// or was stopped again at once, that is a reason to stop the job: should lockrun die
+/// meanwhile, nothing would.
+fn guard_stopped(job: &mut Job) -> Option<Event> {
+    let pid = job.guard_pid().as_raw();
+    match job.guard_stopped() {
+        GuardStop::Continued => {
+            let msg = format!(
+                "lockrun's guard process (pid {pid}) was stopped; continued it (stopped, \
+                 it could not stop the job if lockrun died)"
+            );
+            emit(
+                Level::Warn,
+                LogEvent::GuardStopped,
+                &msg,
+                &[("pid", pid.into())],
+            );
+            None
+        }
+        GuardStop::Held => Some(Event::GuardStopped),
+    }
+}
+
 /// How the run ended, once the whole job is gone.
 fn outcome(machine: &Machine, leader: Option<ChildExit>) -> Outcome {
     // Every reason is named, so that a new one forces a decision here.
@@ -312,6 +354,7 @@ fn outcome(machine: &Machine, leader: Option<ChildExit>) -> Outcome {
         }
         Some(r @ StopReason::MaxRuntime) => Some((r, LogEvent::MaxRuntime, Outcome::MaxRuntime)),
         Some(r @ StopReason::GuardLost) => Some((r, LogEvent::GuardLost, Outcome::LockLost)),
+        Some(r @ StopReason::GuardStopped) => Some((r, LogEvent::GuardStopped, Outcome::LockLost)),
         Some(StopReason::Leftovers | StopReason::Forwarded) | None => None,
     };
     if let Some((r, event, outcome)) = stopped {

@@ -33,6 +33,20 @@
 //! command dies of its parent-death signal and the rest of the job is re-parented to
 //! lockrun, which kills it (exit status 124) before it releases the lock.
 //!
+//! **Stops** (issue 39). A stopped process acts on nothing, so neither may stay stopped
+//! past what it guards:
+//! - the guard's parent-death signal is SIGCONT: when lockrun dies, the kernel continues
+//!   a stopped guard (the orphaned-process-group rule would not where the guard's new
+//!   parent is in lockrun's session: a subreaper, a PID namespace's init shell), and it
+//!   finds lockrun's end of the socket closed;
+//! - each process keeps a POSIX timer that sends itself SIGCONT at the lease deadline
+//!   ([`crate::clock::ContinueAt`]): a stopped guard then kills the job, a stopped lockrun
+//!   kills it too, even when its guard was killed meanwhile and the job is its own;
+//! - lockrun sees its guard stop (SIGCHLD, `WUNTRACED`) and continues it at once, with a
+//!   warning (`guard_stopped`): the job can stop it (`kill -STOP $PPID`). A guard still
+//!   stopped after that (a tracer holds it) or stopped again within a second is taken
+//!   as lost: lockrun stops the job (124, `guard_stopped`).
+//!
 //! The guard writes no log line: a blocked stderr must never keep it from its work.
 
 use std::ffi::OsString;
@@ -125,6 +139,8 @@ impl Guard {
     ) -> Result<Spawned, SpawnError> {
         let lost =
             |what: &str| SpawnError::Guard(io::Error::other(format!("the guard process {what}")));
+        // Stopped while lockrun took the lock, it would not answer: continue it first.
+        let _ = kill(self.pid, Signal::SIGCONT);
         wire::send(self.sock.as_fd(), &ToGuard::Spawn(env.to_vec()), hold)
             .map_err(|e| lost(&format!("could not be asked to start the command ({e})")))?;
         let answer = if self.answers_within(timeout) {
@@ -172,16 +188,22 @@ impl Guard {
     /// Waits at most `timeout` for the guard's socket to be readable (an answer, or
     /// the end of file of a dead guard). A signal lockrun receives meanwhile (its
     /// handler only notes it for the runtime) does not cut the wait short.
+    /// A guard stopped meanwhile (by the command it just started: it is its parent) is
+    /// continued, so that it can answer.
     fn answers_within(&self, timeout: Duration) -> bool {
         let until = std::time::Instant::now() + timeout;
         loop {
             let left = until.saturating_duration_since(Instant::now());
-            let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+            let ms = u16::try_from(left.min(LOOK_AGAIN).as_millis()).unwrap_or(u16::MAX);
             let mut fds = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
             match poll(&mut fds, PollTimeout::from(ms)) {
-                Ok(n) => return n > 0,
-                Err(nix::errno::Errno::EINTR) if !left.is_zero() => {}
-                Err(_) => return false,
+                Ok(n) if n > 0 => return true,
+                Ok(_) | Err(nix::errno::Errno::EINTR) if !left.is_zero() => {
+                    if tree::stat(self.pid.as_raw()).is_some_and(|p| p.stopped) {
+                        let _ = kill(self.pid, Signal::SIGCONT);
+                    }
+                }
+                Ok(_) | Err(_) => return false,
             }
         }
     }
@@ -212,6 +234,9 @@ impl Guard {
         wire::try_recv_from_guard(self.sock.as_fd())
     }
 }
+
+/// How often lockrun looks whether its guard is stopped while it waits for an answer.
+const LOOK_AGAIN: Duration = Duration::from_millis(50);
 
 /// How long lockrun keeps killing what a lost guard left before it gives up (and then
 /// leaves the lock to expire rather than release it).

@@ -20,6 +20,8 @@ use nix::sys::stat::Mode;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{getpid, getppid, setpgid, Pid};
 
+use crate::clock::ContinueAt;
+
 use super::cgroup::Cgroup;
 use super::spawn::{spawn_into, Exec, Refused};
 use super::wire::{self, FromGuard, ToGuard};
@@ -30,6 +32,15 @@ pub(super) fn main(sock: OwnedFd, argv: Vec<OsString>, lockrun: Pid) -> ! {
     let _ = setpgid(Pid::from_raw(0), Pid::from_raw(0));
     let _ = nix::sys::prctl::set_name(c"lockrun-guard");
     let _ = nix::sys::prctl::set_child_subreaper(true);
+    // A stopped guard acts on nothing, lockrun's death included; the kernel continues
+    // it when lockrun dies (after it closed lockrun's end of the socket, which the
+    // guard then finds at its end), whatever session the guard's new parent is in.
+    if nix::sys::prctl::set_pdeathsig(Signal::SIGCONT).is_err() || getppid() != lockrun {
+        // (Or lockrun is gone already: nothing to guard.)
+        exit_now(0)
+    }
+    // And at each lease deadline: stopped then, it is continued to kill the job.
+    let alarm = ContinueAt::new().ok();
     let mut blocked = SigSet::empty();
     for sig in FORWARDED {
         blocked.add(sig);
@@ -68,7 +79,20 @@ pub(super) fn main(sock: OwnedFd, argv: Vec<OsString>, lockrun: Pid) -> ! {
     let (leader, cgroup) = start_and_report(&sock, &argv, &env, cgroup);
     // `hold` (the file lock's descriptors) stays open until the guard exits, after
     // the whole job is dead: the kernel keeps the lock taken until then.
-    watch(&sock, &sfd, leader, cgroup.as_ref(), &hold, deadline)
+    let held = Held {
+        cgroup: cgroup.as_ref(),
+        _hold: &hold,
+        alarm,
+    };
+    watch(&sock, &sfd, leader, held, deadline)
+}
+
+/// What the guard keeps while it watches: the job's cgroup, the file lock's
+/// descriptors, and the alarm that continues it at the deadline should it be stopped.
+struct Held<'a> {
+    cgroup: Option<&'a Cgroup>,
+    _hold: &'a [OwnedFd],
+    alarm: Option<ContinueAt>,
 }
 
 /// Starts the command and tells lockrun its pid and cgroup (the cgroup is dropped if
@@ -200,13 +224,20 @@ fn watch(
     sock: &OwnedFd,
     sfd: &SignalFd,
     leader: Pid,
-    cgroup: Option<&Cgroup>,
-    _hold: &[OwnedFd],
+    mut held: Held<'_>,
     mut deadline: Option<Duration>,
 ) -> ! {
+    let cgroup = held.cgroup;
     let mut leader_reported = false;
     let mut empty_reported = false;
+    let mut armed = None;
     loop {
+        if deadline != armed {
+            if let (Some(d), Some(alarm)) = (deadline, held.alarm.as_mut()) {
+                let _ = alarm.set(d);
+            }
+            armed = deadline;
+        }
         let mut fds = [
             PollFd::new(sock.as_fd(), PollFlags::POLLIN),
             PollFd::new(sfd.as_fd(), PollFlags::POLLIN),

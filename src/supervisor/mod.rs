@@ -15,7 +15,8 @@
 //!
 //! lockrun makes itself a child subreaper too: if the guard dies, the command dies of
 //! its parent-death signal (SIGKILL, tied to the guard) and the rest of the job is
-//! re-parented to lockrun, which kills it and exits 124.
+//! re-parented to lockrun, which kills it and exits 124. A stopped guard is continued
+//! ([`Job::guard_stopped`]; `guard.rs`, "Stops", has the whole story).
 //!
 //! Every `waitpid` of lockrun happens here, with `-1`: as PID 1 (a container) or
 //! subreaper, lockrun reaps every orphan. ESRCH from a signal means the target is
@@ -98,7 +99,24 @@ pub struct Job {
     leader: Pid,
     boundary: Boundary,
     guard_gone: bool,
+    /// When lockrun last continued its stopped guard.
+    guard_continued: Option<Instant>,
 }
+
+/// What lockrun made of its guard found stopped (see [`Job::guard_stopped`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuardStop {
+    /// Continued: it runs again.
+    Continued,
+    /// It cannot be kept running: still stopped after lockrun's SIGCONT (a tracer
+    /// holds it), or stopped again within [`RESTOPPED`] of the last SIGCONT (the job
+    /// stopping its parent again and again, say). The job must be stopped: should
+    /// lockrun die while the guard is held, nothing would stop it.
+    Held,
+}
+
+/// A guard stopped again this soon after lockrun continued it is held stopped.
+pub const RESTOPPED: Duration = Duration::from_secs(1);
 
 impl Job {
     /// Has `guard` start the command with lockrun's environment changed by `env`,
@@ -115,6 +133,7 @@ impl Job {
             leader: spawned.leader,
             boundary: spawned.boundary,
             guard_gone: false,
+            guard_continued: None,
         })
     }
 
@@ -147,6 +166,26 @@ impl Job {
     /// their subreaper).
     pub fn guard_lost(&mut self) {
         self.guard_gone = true;
+    }
+
+    /// lockrun saw its guard stopped (SIGSTOP by an operator, or by the job: the guard
+    /// is the command's parent). A stopped guard kills nothing, neither at the deadline
+    /// nor when lockrun dies, so lockrun continues it at once, and says whether it runs
+    /// again. Waits on nothing.
+    pub fn guard_stopped(&mut self) -> GuardStop {
+        let again = self
+            .guard_continued
+            .is_some_and(|t| t.elapsed() < RESTOPPED);
+        let guard = self.guard.pid();
+        let _ = nix::sys::signal::kill(guard, Signal::SIGCONT);
+        self.guard_continued = Some(Instant::now());
+        // SIGCONT takes effect as it is sent: a guard still stopped now is traced.
+        let still = tree::stat(guard.as_raw()).is_some_and(|p| p.stopped);
+        if again || still {
+            GuardStop::Held
+        } else {
+            GuardStop::Continued
+        }
     }
 
     /// True once the guard died.
@@ -219,6 +258,8 @@ impl Job {
     pub fn done(&self) {
         let until = Instant::now() + GUARD_EXIT;
         if !self.guard_gone {
+            // A guard stopped at this moment would make lockrun wait out GUARD_EXIT.
+            let _ = nix::sys::signal::kill(self.guard.pid(), Signal::SIGCONT);
             self.guard.done(GUARD_EXIT);
         }
         if let Boundary::Cgroup(c) = &self.boundary {
@@ -264,14 +305,21 @@ pub struct Reaped {
     pub guard: bool,
     /// The command ended (seen by lockrun only once the guard is gone).
     pub leader: Option<ChildExit>,
+    /// The guard was stopped (see [`Job::guard_stopped`]).
+    pub guard_stopped: bool,
 }
 
 /// Reaps every child of lockrun that has ended: the guard, orphans re-parented to
-/// lockrun (after the guard's death, or any zombie when lockrun is PID 1).
+/// lockrun (after the guard's death, or any zombie when lockrun is PID 1); and says
+/// whether the guard was stopped.
 pub fn reap(guard: Pid, leader: Pid) -> Reaped {
     let mut found = Reaped::default();
     loop {
-        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+        match waitpid(
+            Pid::from_raw(-1),
+            Some(WaitPidFlag::WNOHANG | WaitPidFlag::WUNTRACED),
+        ) {
+            Ok(WaitStatus::Stopped(pid, _)) if pid == guard => found.guard_stopped = true,
             Ok(WaitStatus::Exited(pid, _) | WaitStatus::Signaled(pid, _, _)) if pid == guard => {
                 found.guard = true;
             }

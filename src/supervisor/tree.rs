@@ -33,6 +33,8 @@ pub struct Proc {
     pub pgid: i32,
     /// Dead and waiting to be reaped (it can neither run nor fork again).
     pub zombie: bool,
+    /// Stopped (`T`: SIGSTOP and the like) or held by a tracer (`t`).
+    pub stopped: bool,
 }
 
 /// Reads one process's `/proc/PID/stat`; `None` if it is gone.
@@ -55,6 +57,7 @@ fn parse_stat(pid: i32, text: &[u8]) -> Option<Proc> {
         ppid,
         pgid,
         zombie: matches!(state, 'Z' | 'X' | 'x'),
+        stopped: matches!(state, 'T' | 't'),
     })
 }
 
@@ -186,9 +189,12 @@ mod tests {
                 pid: 4242,
                 ppid: 17,
                 pgid: 4242,
-                zombie: false
+                zombie: false,
+                stopped: false,
             })
         );
+        assert!(parse_stat(7, b"7 (g) T 1 7 7 0").unwrap().stopped);
+        assert!(parse_stat(7, b"7 (g) t 1 7 7 0").unwrap().stopped);
         let zombie = b"9 (x) Z 1 9 9 0";
         assert!(parse_stat(9, zombie).unwrap().zombie);
         assert_eq!(parse_stat(1, b"garbage"), None);

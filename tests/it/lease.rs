@@ -301,9 +301,9 @@ fn kill_after_escalates_to_sigkill_on_loss() {
 }
 
 #[test]
-fn a_stopped_lockruns_guard_kills_its_command_by_the_lease_deadline() {
-    // lockrun SIGSTOPped (a debugger, a stuck system call) cannot kill at the deadline;
-    // its guard, which lockrun gave the deadline, does.
+fn a_frozen_lockruns_guard_kills_its_command_by_the_lease_deadline() {
+    // lockrun frozen (a freezer cgroup, as `docker pause` does it to lockrun alone)
+    // cannot kill at the deadline; its guard, which lockrun gave the deadline, does.
     let redis = RedisServer::start();
     let s = Scratch::new();
     let reaper = Reaper::default();
@@ -312,24 +312,47 @@ fn a_stopped_lockruns_guard_kills_its_command_by_the_lease_deadline() {
 
     // Every renewal lockrun sent was sent before this instant, so the deadline it gave
     // the guard is at most a TTL later.
-    let stopped = Instant::now();
-    lr.signal(Signal::SIGSTOP);
+    let frozen_at = Instant::now();
+    let frozen = Frozen::freeze(lr.pid());
     wait_until(
-        "the command died while its lockrun was stopped",
+        "the command died while its lockrun was frozen",
         WAIT,
         || is_dead(pid),
     );
-    let died = stopped.elapsed();
+    let died = frozen_at.elapsed();
     assert!(
         died < Duration::from_millis(2000 + 300),
-        "the command of a stopped lockrun ran {died:?} after the stop (TTL 2s)"
+        "the command of a frozen lockrun ran {died:?} after the freeze (TTL 2s)"
     );
     assert!(
         !is_dead(lr.pid()),
-        "lockrun itself is only stopped, not gone"
+        "lockrun itself is only frozen, not gone"
     );
-    lr.signal(Signal::SIGCONT);
+    frozen.thaw();
     lr.wait().assert_failure(124);
+}
+
+#[test]
+fn a_stopped_lockrun_is_continued_at_its_deadline_and_kills_its_command() {
+    // SIGSTOP (an operator, a terminal's ^Z) does not keep lockrun from its deadline:
+    // the kernel continues it then (its alarm), and it stops the job and exits 124 with
+    // no SIGCONT from anyone.
+    let redis = RedisServer::start();
+    let s = Scratch::new();
+    let reaper = Reaper::default();
+    let cmd = lockrun_run(&redis.url(), "job", &["--ttl", "2s"], &sh(SLEEPER));
+    let (mut lr, pid) = spawn_recording_pid(cmd, &s, &reaper);
+
+    let stopped = Instant::now();
+    lr.signal(Signal::SIGSTOP);
+    let f = lr.wait_for(WAIT);
+    f.assert_failure(124);
+    assert!(is_dead(pid), "the command outlived its lockrun");
+    let took = f.ended - stopped;
+    assert!(
+        took < Duration::from_millis(2000 + 500),
+        "a stopped lockrun ended {took:?} after the stop (TTL 2s)"
+    );
 }
 
 #[test]
@@ -340,7 +363,10 @@ fn paused_lockrun_kills_its_command_on_resume() {
     let cmd = lockrun_run(&redis.url(), "job", &["--ttl", "2s"], &sh(SLEEPER));
     let (mut first, pid) = spawn_recording_pid(cmd, &s, &reaper);
 
-    first.signal(Signal::SIGSTOP);
+    // Frozen, not stopped: a stopped lockrun is continued at its deadline. Its guard
+    // runs on and kills the command at the deadline; what is checked here is lockrun
+    // itself once it runs again.
+    let frozen = Frozen::freeze(first.pid());
     wait_until("the paused holder's lock expired", WAIT, || {
         !redis.lock_held("job")
     });
@@ -356,8 +382,8 @@ fn paused_lockrun_kills_its_command_on_resume() {
     let second_token = wait_line(&s.path("second"));
 
     let resumed = Instant::now();
-    first.signal(Signal::SIGCONT);
-    let died = wait_until("the first command died after SIGCONT", WAIT, || {
+    frozen.thaw();
+    let died = wait_until("the first command died after the thaw", WAIT, || {
         is_dead(pid)
     });
     assert!(

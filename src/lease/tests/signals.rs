@@ -72,3 +72,22 @@ fn a_lost_guard_kills_at_once_whatever_the_stop_state() {
     );
     assert_eq!(m.step(Event::GuardLost, at(1160)).signal, None);
 }
+
+#[test]
+fn a_guard_held_stopped_kills_at_once_whatever_the_stop_state() {
+    let mut m = machine();
+    assert_eq!(
+        m.step(Event::GuardStopped, at(1100)).signal,
+        Some(GroupSignal::Kill(StopReason::GuardStopped))
+    );
+    assert!(m.holds_lease(), "still ours: released once the job is gone");
+    assert!(StopReason::GuardStopped.is_loss());
+    let mut m = machine();
+    m.step(Event::Forwarded, at(1100));
+    assert_eq!(
+        m.step(Event::GuardStopped, at(1150)).signal,
+        Some(GroupSignal::Kill(StopReason::GuardStopped))
+    );
+    assert_eq!(m.step(Event::GuardStopped, at(1160)).signal, None);
+    assert_eq!(m.step(Event::GuardLost, at(1170)).signal, None);
+}

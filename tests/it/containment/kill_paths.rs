@@ -43,13 +43,13 @@ enum Kill {
 
 /// Which lock a case runs on.
 #[derive(Clone, Copy, Debug)]
-enum On {
+pub(super) enum On {
     File,
     Redis,
 }
 
 impl On {
-    fn backend(self) -> Backend {
+    pub(super) fn backend(self) -> Backend {
         match self {
             On::File => Backend::new(FileService::start()),
             On::Redis => Backend::new(RedisServer::start()),

@@ -14,6 +14,10 @@
 //! - `stderr`: the kill path waits on nothing: with stderr a full pipe nobody reads, a
 //!   failing renewal still kills the job before the lease can have expired, and lockrun
 //!   still exits;
+//! - `stopped`: a stopped process never stretches the job past the lease: the guard
+//!   stopped then lockrun SIGKILLed (under a subreaper parent in the same session, in and
+//!   out of a PID namespace), lockrun stopped then its guard SIGKILLed, and the job
+//!   stopping its own guard, once or again and again;
 //! - `boundary`: which boundary a run has (a cgroup of its own, or the process tree
 //!   when lockrun runs unprivileged), said at `-v`.
 //!
@@ -24,6 +28,7 @@ mod boundary;
 mod end_paths;
 mod kill_paths;
 mod stderr;
+mod stopped;
 
 use std::thread;
 

@@ -14,7 +14,9 @@
 //! - `backends`: every backend behind one interface, for the conformance suite (the
 //!   file backend too, with no server: a temporary directory);
 //! - `history`: the one mutual-exclusion and fencing checker;
-//! - `serial`: which tests may run side by side.
+//! - `serial`: which tests may run side by side; `freezer`: a process frozen as a paused
+//!   virtual machine leaves it (SIGSTOP no longer does: lockrun is continued at its
+//!   lease deadline).
 //!
 //! Rules every helper keeps, so that tests can run in parallel on a small noisy machine:
 //! - every test gets its own servers (never the machine's Redis on 6379 or PostgreSQL on 5432);
@@ -27,6 +29,7 @@ mod clock;
 mod cluster;
 mod etcd;
 mod fake_server;
+mod freezer;
 mod history;
 mod job;
 mod nutcracker;
@@ -54,6 +57,7 @@ pub use etcd::{etcd_key, etcd_slot_key, EtcdServer};
 pub use fake_server::{
     assert_endless_reply_refused, assert_silence_ends_with_wait, Behaviour, FakeServer,
 };
+pub use freezer::Frozen;
 pub use history::{
     crowded, most_inside, overlaps, reused_tokens, slot_overlaps, Sections, SlotSections, SlotSpan,
     Span,

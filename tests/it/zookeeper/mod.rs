@@ -12,8 +12,6 @@ mod hostile;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::Signal;
-
 use crate::support::*;
 
 /// The queue nodes of lock `name` under the default prefix, as `dump` lists them.
@@ -85,13 +83,14 @@ fn a_session_the_server_expired_while_lockrun_was_frozen_is_a_loss() {
     let (mut lr, pid) = spawn_recording_pid(cmd, &s, &reaper);
     assert_eq!(queue_nodes(&zk, "job").len(), 1);
     // Frozen, lockrun sends no heartbeat: the server expires its session, and the lock
-    // node with it.
-    lr.signal(Signal::SIGSTOP);
+    // node with it. (Frozen, not stopped: a stopped lockrun is continued at its lease
+    // deadline.)
+    let frozen = Frozen::freeze(lr.pid());
     wait_until("the server expired the session", WAIT, || {
         queue_nodes(&zk, "job").is_empty()
     });
     let resumed = Instant::now();
-    lr.signal(Signal::SIGCONT);
+    frozen.thaw();
     let f = lr.wait_for(Duration::from_secs(10));
     f.assert_failure(124);
     assert!(is_dead(pid), "the command outlived its lockrun");
