@@ -144,6 +144,9 @@ events! {
     GuardLost => "guard_lost",
     /// lockrun's guard process was stopped: continued, or the job stopped if it stays so.
     GuardStopped => "guard_stopped",
+    /// lockrun's guard process is traced (a debugger): should lockrun die while the
+    /// tracer holds it, nothing would stop the job.
+    GuardTraced => "guard_traced",
     /// Log lines were dropped because stderr did not take them in time.
     LogDropped => "log_dropped",
 }
@@ -456,6 +459,7 @@ mod tests {
                 "contained",
                 "guard_lost",
                 "guard_stopped",
+                "guard_traced",
                 "log_dropped",
             ]
         );

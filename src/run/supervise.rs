@@ -75,17 +75,13 @@ pub(super) async fn supervise<B: Backend>(
             end.empty = job.is_empty();
         }
         let now = BootInstant::now();
-        let actions = machine.step(event.unwrap_or(Event::Tick), now);
-        tell_deadline(job, &mut alarm, &machine, &mut told);
-        match actions.signal {
-            Some(signal) => carry_out(cfg, job, signal),
-            // Killed already, with the guard as the job's root: what it left is now
-            // below lockrun, and must not wait for the next drain poll.
-            None if event == Some(Event::GuardLost) => {
-                job.signal(nix::sys::signal::Signal::SIGKILL)
-            }
-            None => {}
+        let event = event.unwrap_or(Event::Tick);
+        if event == Event::Tick {
+            warn_if_traced(job);
         }
+        let actions = machine.step(event, now);
+        tell_deadline(job, &mut alarm, &machine, &mut told);
+        signal_job(cfg, job, actions.signal, event);
         if !machine.holds_lease() {
             renewal = None;
         }
@@ -323,8 +319,10 @@ fn on_signal(received: Received, job: &mut Job, end: &mut JobEnd) -> Option<Even
 }
 
 /// The guard was found stopped: lockrun continued it. If it stays stopped (a tracer)
-/// or was stopped again at once, that is a reason to stop the job: should lockrun die
-/// meanwhile, nothing would.
+/// or was stopped again at once, that is a reason to stop the job (should lockrun die
+/// meanwhile, nothing would), and the guard is given up as lost: lockrun's SIGKILL
+/// takes it too (a held guard would neither report the job's end nor let go of a
+/// `file://` lock), and the job's end is lockrun's own to see.
 fn guard_stopped(job: &mut Job) -> Option<Event> {
     let pid = job.guard_pid().as_raw();
     match job.guard_stopped() {
@@ -341,7 +339,25 @@ fn guard_stopped(job: &mut Job) -> Option<Event> {
             );
             None
         }
-        GuardStop::Held => Some(Event::GuardStopped),
+        GuardStop::Held => {
+            job.guard_lost();
+            Some(Event::GuardStopped)
+        }
+    }
+}
+
+/// Warns once per tracer when the guard is traced: a tracer may hold it where lockrun
+/// sees no stop (docs/guarantees.md, "Property 10 in detail").
+fn warn_if_traced(job: &mut Job) {
+    if let Some(tracer) = job.new_guard_tracer() {
+        let pid = job.guard_pid().as_raw();
+        let msg = format!(
+            "lockrun's guard process (pid {pid}) is traced by pid {tracer}: should lockrun \
+             die while the tracer holds it stopped, the job would run on until the tracer \
+             lets it go"
+        );
+        let fields = [("pid", pid.into()), ("tracer", tracer.into())];
+        emit(Level::Warn, LogEvent::GuardTraced, &msg, &fields);
     }
 }
 
@@ -384,6 +400,17 @@ fn renew_failed(failures: &mut u32, why: &str) -> Event {
         &[("failures", (*failures).into())],
     );
     Event::RenewFailed
+}
+
+/// Sends the job what the machine decided after `event`.
+fn signal_job(cfg: &RunConfig, job: &Job, signal: Option<GroupSignal>, event: Event) {
+    match signal {
+        Some(signal) => carry_out(cfg, job, signal),
+        // Killed already, with the guard as the job's root: what it left is now below
+        // lockrun, and must not wait for the next drain poll.
+        None if event == Event::GuardLost => job.signal(nix::sys::signal::Signal::SIGKILL),
+        None => {}
+    }
 }
 
 fn carry_out(cfg: &RunConfig, job: &Job, signal: GroupSignal) {

@@ -44,8 +44,8 @@
 //!   kills it too, even when its guard was killed meanwhile and the job is its own;
 //! - lockrun sees its guard stop (SIGCHLD, `WUNTRACED`) and continues it at once, with a
 //!   warning (`guard_stopped`): the job can stop it (`kill -STOP $PPID`). A guard still
-//!   stopped after that (a tracer holds it) or stopped again within a second is taken
-//!   as lost: lockrun stops the job (124, `guard_stopped`).
+//!   stopped after that (a tracer holds it) or stopped again within a second is given up
+//!   as lost: lockrun SIGKILLs the job and the guard with it (124, `guard_stopped`).
 //!
 //! The guard writes no log line: a blocked stderr must never keep it from its work.
 

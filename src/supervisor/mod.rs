@@ -101,6 +101,8 @@ pub struct Job {
     guard_gone: bool,
     /// When lockrun last continued its stopped guard.
     guard_continued: Option<Instant>,
+    /// The last tracer of the guard lockrun saw.
+    guard_tracer: Option<i32>,
 }
 
 /// What lockrun made of its guard found stopped (see [`Job::guard_stopped`]).
@@ -134,6 +136,7 @@ impl Job {
             boundary: spawned.boundary,
             guard_gone: false,
             guard_continued: None,
+            guard_tracer: None,
         })
     }
 
@@ -162,8 +165,8 @@ impl Job {
         self.guard.try_report()
     }
 
-    /// The guard died: from now on the job is lockrun's own descendants (lockrun is
-    /// their subreaper).
+    /// The guard died (or is given up, held stopped): from now on the job is lockrun's
+    /// own descendants (lockrun is their subreaper), a living guard among them.
     pub fn guard_lost(&mut self) {
         self.guard_gone = true;
     }
@@ -186,6 +189,25 @@ impl Job {
         } else {
             GuardStop::Continued
         }
+    }
+
+    /// The guard's tracer (`TracerPid` of `/proc/PID/status`), if it has one that
+    /// lockrun has not seen before: a tracer can hold the guard where lockrun sees no
+    /// stop (at a breakpoint).
+    pub fn new_guard_tracer(&mut self) -> Option<i32> {
+        if self.guard_gone {
+            return None;
+        }
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.guard.pid()));
+        let tracer = status
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("TracerPid:"))
+            .and_then(|t| t.trim().parse::<i32>().ok())
+            .filter(|&t| t != 0);
+        let new = tracer.filter(|&t| self.guard_tracer != Some(t));
+        self.guard_tracer = tracer;
+        new
     }
 
     /// True once the guard died.

@@ -21,7 +21,7 @@ use crate::support::*;
 const NOBODY: u32 = 65534;
 
 /// `cmd` run as `nobody`, with no supplementary groups.
-fn as_nobody(cmd: &std::process::Command) -> std::process::Command {
+pub(super) fn as_nobody(cmd: &std::process::Command) -> std::process::Command {
     wrapped(
         &[
             "setpriv",
@@ -34,7 +34,7 @@ fn as_nobody(cmd: &std::process::Command) -> std::process::Command {
 }
 
 /// Hands `dir` to `nobody`.
-fn give_to_nobody(dir: &Path) {
+pub(super) fn give_to_nobody(dir: &Path) {
     chown(dir, Some(NOBODY), Some(NOBODY))
         .unwrap_or_else(|e| panic!("chown {}: {e}", dir.display()));
 }

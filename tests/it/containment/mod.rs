@@ -16,8 +16,8 @@
 //!   still exits;
 //! - `stopped`: a stopped process never stretches the job past the lease: the guard
 //!   stopped then lockrun SIGKILLed (under a subreaper parent in the same session, in and
-//!   out of a PID namespace), lockrun stopped then its guard SIGKILLed, and the job
-//!   stopping its own guard, once or again and again;
+//!   out of a PID namespace), lockrun stopped then its guard SIGKILLed, the job stopping
+//!   its own guard, once or again and again, and a tracer holding the guard;
 //! - `boundary`: which boundary a run has (a cgroup of its own, or the process tree
 //!   when lockrun runs unprivileged), said at `-v`.
 //!

@@ -264,7 +264,8 @@ fn check_runs<'a>(h: &History<'a>, r: &mut Report) -> (HashMap<u64, &'a Run>, Ha
         let log = parse_log(run, &mut r.failures);
         // Killed by a signal: the nemesis' SIGKILL (counted as 137, as a shell shows it),
         // else a bug.
-        let killed = run.code.is_none() && by_nemesis(Fault::KillLockrun, run);
+        let killed = run.code.is_none()
+            && (by_nemesis(Fault::KillLockrun, run) || by_nemesis(Fault::StopGuard, run));
         let code = run.code.unwrap_or(if killed { 137 } else { -1 });
         *r.codes.entry(code).or_default() += 1;
         if run.hung {
@@ -288,7 +289,12 @@ fn check_runs<'a>(h: &History<'a>, r: &mut Report) -> (HashMap<u64, &'a Run>, Ha
         // A line written while stderr was blocked may be lost (docs/guarantees.md: lines, never a
         // deadline).
         let blocked = by_nemesis(Fault::StderrBlocked, run);
-        if let Some(event) = why.filter(|_| !blocked) {
+        // A guard the nemesis stopped twice in a row may have had lockrun stop the job
+        // for that (124, `guard_stopped`) rather than for a loss.
+        let guard_held = code == 124
+            && by_nemesis(Fault::StopGuard, run)
+            && log.events.iter().any(|e| e == "guard_stopped");
+        if let Some(event) = why.filter(|_| !blocked && !guard_held) {
             if !log.events.iter().any(|e| e == event) {
                 r.failures.push(format!(
                     "lockrun {} exited {code} without a {event:?} line saying why:\n{}",

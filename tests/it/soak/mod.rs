@@ -1,8 +1,9 @@
 //! The nemesis soak (issue 3): several lockruns contend for one lock in a loop while a
 //! seeded random schedule freezes, kills, restarts and flushes Redis, blackholes, cuts,
 //! refuses and slows the network, pauses lockruns, kills them (`kill -9`), blocks their
-//! stderr, and jumps the server's wall clock (issue 25 added the kills and the blocked
-//! stderr). Every critical section writes to a fenced store and reports its own
+//! stderr, stops their guards (alone, or with lockrun SIGKILLed while both are stopped),
+//! and jumps the server's wall clock (issue 25 added the kills and the blocked stderr,
+//! issue 39 the stopped guards). Every critical section writes to a fenced store and reports its own
 //! history, and so does the child some of them leave running (in their group, in a
 //! session of its own, or orphaned): a section lasts until the last process of its job
 //! is gone. A checker (`check`) then verifies the safety properties of docs/guarantees.md

@@ -14,7 +14,7 @@ use super::{Rng, NAME};
 use crate::support::*;
 
 /// Weights of the kinds in the draw, in `Fault::ALL` order.
-const WEIGHTS: [u64; 12] = [4, 2, 2, 4, 2, 2, 3, 3, 6, 3, 3, 3];
+const WEIGHTS: [u64; 13] = [4, 2, 2, 4, 2, 2, 3, 3, 6, 3, 3, 3, 3];
 
 impl Rig {
     /// Faults, one at a time, until `until`: every kind once first, in a seeded order,
@@ -62,6 +62,10 @@ impl Rig {
             Fault::KillLockrun => (Some(self.kill_lockrun(rng)?), String::new()),
             Fault::StderrBlocked => {
                 let (pid, detail) = self.block_stderr(rng)?;
+                (Some(pid), detail)
+            }
+            Fault::StopGuard => {
+                let (pid, detail) = self.stop_guard(rng)?;
                 (Some(pid), detail)
             }
         };
@@ -225,8 +229,53 @@ impl Rig {
             p
         };
         thread::sleep(d);
-        // Stopped, it cannot have exited: the pid is still ours.
-        signal_pid(victim, Signal::SIGCONT);
+        // It may have ended meanwhile (a stopped lockrun is continued at its lease
+        // deadline); not reaped while `live` is held, a pid in it is still that lockrun's.
+        let live = self.live.lock().unwrap();
+        if live.contains(&victim) {
+            signal_pid(victim, Signal::SIGCONT);
+        }
         Some((victim, format!("{d:?}")))
+    }
+
+    /// SIGSTOP of the holder's guard (of a semaphore, the holder of a slot drawn at
+    /// random). Half the time its lockrun is stopped first and SIGKILLed while both are
+    /// stopped (issue 39, case 1: nothing but the kernel can continue the guard then, and
+    /// the job must still die with lockrun); else lockrun, running, continues the guard,
+    /// and the nemesis sends SIGCONT after a while too. Returns the lockrun's pid and a
+    /// few words, or `None` when no holder runs.
+    fn stop_guard(&self, rng: &mut Rng) -> Option<(i32, String)> {
+        let d = rng.ms(100, 1500);
+        let kill = rng.chance(50);
+        let holder = self.holder(rng)?;
+        let guard = {
+            let live = self.live.lock().unwrap();
+            if !live.contains(&holder) {
+                return None;
+            }
+            let guard = guard_of(holder)?;
+            if kill {
+                signal_pid(holder, Signal::SIGSTOP);
+            }
+            signal_pid(guard, Signal::SIGSTOP);
+            if kill {
+                // Stopped, lockrun cannot have continued its guard; once both are
+                // stopped, lockrun dies.
+                let until = Instant::now() + Duration::from_secs(2);
+                while proc_state(guard) != Some('T') && Instant::now() < until {
+                    thread::sleep(Duration::from_millis(1));
+                }
+                signal_pid(holder, Signal::SIGKILL);
+            }
+            guard
+        };
+        if kill {
+            return Some((holder, "guard stopped, then lockrun killed".into()));
+        }
+        thread::sleep(d);
+        if comm(guard).as_deref() == Some("lockrun-guard") {
+            signal_pid(guard, Signal::SIGCONT);
+        }
+        Some((holder, format!("{d:?}")))
     }
 }

@@ -202,11 +202,15 @@ pub enum Fault {
     /// The holder's stderr a full pipe that nobody reads for a while: lockrun may lose
     /// lines, never a deadline.
     StderrBlocked,
+    /// SIGSTOP of a holder's guard (issue 39): lockrun continues it at once; or lockrun
+    /// stopped first, then its guard, then lockrun SIGKILLed (the kernel continues the
+    /// guard, which kills the job).
+    StopGuard,
 }
 
 impl Fault {
     /// Every kind, in report order.
-    pub const ALL: [Fault; 12] = [
+    pub const ALL: [Fault; 13] = [
         Fault::FreezeRedis,
         Fault::RestartRedis,
         Fault::Flushall,
@@ -219,6 +223,7 @@ impl Fault {
         Fault::ClockJump,
         Fault::KillLockrun,
         Fault::StderrBlocked,
+        Fault::StopGuard,
     ];
 
     /// A short name for the report.
@@ -236,6 +241,7 @@ impl Fault {
             Fault::ClockJump => "clock-jump",
             Fault::KillLockrun => "kill-lockrun",
             Fault::StderrBlocked => "stderr-blocked",
+            Fault::StopGuard => "stop-guard",
         }
     }
 
@@ -254,7 +260,8 @@ impl Fault {
             | Fault::Latency
             | Fault::StuckRequests
             | Fault::KillLockrun
-            | Fault::StderrBlocked => false,
+            | Fault::StderrBlocked
+            | Fault::StopGuard => false,
         }
     }
 }
@@ -269,7 +276,7 @@ pub struct FaultEvent {
     pub from: Duration,
     /// Healed at (equal to `from` for instant faults).
     pub to: Duration,
-    /// The lockrun paused, killed or whose stderr was blocked.
+    /// The lockrun paused, killed, whose stderr was blocked or whose guard was stopped.
     pub pid: Option<i32>,
     /// A few words for the report (duration, offset).
     pub detail: String,
