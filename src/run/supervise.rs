@@ -76,12 +76,13 @@ pub(super) async fn supervise<B: Backend>(
         }
         let now = BootInstant::now();
         let event = event.unwrap_or(Event::Tick);
-        if event == Event::Tick {
-            warn_if_traced(job);
-        }
         let actions = machine.step(event, now);
         tell_deadline(job, &mut alarm, &machine, &mut told);
         signal_job(cfg, job, actions.signal, event);
+        if event == Event::Tick {
+            // After any kill: a read of /proc is no reason to wait.
+            warn_if_traced(job);
+        }
         if !machine.holds_lease() {
             renewal = None;
         }
