@@ -178,6 +178,13 @@ pub struct RunArgs {
     #[arg(long, env = "LOCKRUN_WAIT", default_value = "0", value_parser = |s: &str| bounds::WAIT.parse(s), value_name = "DURATION")]
     pub wait: Duration,
 
+    /// Before the first attempt, pause a uniformly random time from 0 to this, holding
+    /// nothing, so that a fleet's hosts do not all try on the same tick (a signal ends
+    /// the pause and lockrun; the command is not started). --wait counts after it. At
+    /// most 24h.
+    #[arg(long, env = "LOCKRUN_SPLAY", default_value = "0", value_parser = |s: &str| bounds::SPLAY.parse(s), value_name = "DURATION")]
+    pub splay: Duration,
+
     /// Exit status when the lock was not acquired.
     #[arg(long, env = "LOCKRUN_CONFLICT_EXIT_CODE", default_value_t = crate::outcome::DEFAULT_CONFLICT_EXIT_CODE, value_name = "N")]
     pub conflict_exit_code: u8,
@@ -371,6 +378,7 @@ mod tests {
             ("--wait", "500000000000y", "0 to 365d"),
             ("--wait", "366d", "0 to 365d"),
             ("--hold-at-least", "25h", "0 to 24h"),
+            ("--splay", "24h 1ms", "0 to 24h"),
             ("--kill-after", "2d", "0 to 24h"),
             ("--max-runtime", "500000000000y", "0 (no limit) to 365d"),
         ] {

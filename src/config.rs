@@ -114,6 +114,8 @@ pub struct RunConfig {
     pub renew_every: Duration,
     /// How long to wait for a busy lock.
     pub wait: Duration,
+    /// The longest random pause before the first attempt.
+    pub splay: Duration,
     /// Exit status when busy.
     pub conflict_exit_code: u8,
     /// Minimum time the lock stays taken after acquisition.

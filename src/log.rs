@@ -89,6 +89,8 @@ events! {
     Acquired => "acquired",
     /// The lock is held by someone else and `--wait` ran out.
     Busy => "busy",
+    /// The random pause before the first attempt (`--splay`).
+    Splay => "splay",
     /// The lock is held by someone else: waiting for it (`--wait`), said once a run.
     Waiting => "waiting",
     /// A renewal failed for a reason that may pass; retried while the lease is valid.
@@ -428,6 +430,7 @@ mod tests {
             [
                 "acquired",
                 "busy",
+                "splay",
                 "waiting",
                 "renew_failed",
                 "lost",

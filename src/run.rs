@@ -23,8 +23,8 @@ use crate::metrics::RunReport;
 use crate::outcome::Outcome;
 use crate::supervisor::{Boundary, Guard, Job, Signals, SpawnError};
 use crate::units::ms;
-use acquire::{abandon, acquire};
-use policy::Taken;
+use acquire::{abandon, acquire, splay};
+use policy::{Random, Taken};
 use supervise::supervise;
 
 /// The longest any single backend request may take, whatever the TTL.
@@ -57,26 +57,29 @@ enum LeaseAtEnd {
 /// [`crate::supervisor`]), and reports how it ended. Every outcome other than the
 /// command's own exit has been logged when this returns.
 pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunReport {
+    let mut signals = match prepare(cfg).await {
+        Ok(s) => s,
+        Err(outcome) => {
+            return RunReport {
+                outcome,
+                waited: Duration::ZERO,
+                held: Duration::ZERO,
+            }
+        }
+    };
+    // The time waited for the lock starts after `--splay`'s pause.
     let started = BootInstant::now();
     let report = |outcome: Outcome| RunReport {
         outcome,
         waited: BootInstant::now().saturating_since(started),
         held: Duration::ZERO,
     };
-    let mut signals = match prepare() {
-        Ok(s) => s,
-        Err(e) => return report(fail(&format!("cannot install signal handlers: {e}"))),
-    };
     let taken = match acquire(cfg, backend, request(cfg), &mut signals).await {
         Ok(t) => t,
         Err(outcome) => return report(outcome),
     };
     log_acquired(cfg, &taken);
-    let env = child_env::changes(vec![
-        ("LOCKRUN_FENCING_TOKEN", taken.fencing_token.to_string()),
-        ("LOCKRUN_LOCK_NAME", cfg.name.as_str().to_owned()),
-        ("LOCKRUN_SLOT", taken.slot.to_string()),
-    ]);
+    let env = command_env(cfg, &taken);
     // The lease timer exists before the command does: without it the lease could
     // not be enforced, so a failure here means not starting at all.
     let timer = match Timer::new() {
@@ -106,10 +109,7 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
     if ended.lease == LeaseAtEnd::Ours {
         release(cfg, backend, &taken.token, hold, run_end(ended.outcome)).await;
     }
-    let code = ended.outcome.exit_code();
-    let fields = [("hold_ms", millis(hold)), ("exit_code", code.into())];
-    let msg = format!("finished with exit status {code}");
-    emit(Level::Info, Event::Finished, &msg, &fields);
+    log_finished(ended.outcome.exit_code(), hold);
     RunReport {
         outcome: ended.outcome,
         waited: taken.waited,
@@ -117,10 +117,27 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
     }
 }
 
+/// What the command's environment gets on top of lockrun's, less the credentials.
+fn command_env(cfg: &RunConfig, taken: &Taken) -> Vec<crate::supervisor::EnvChange> {
+    child_env::changes(vec![
+        ("LOCKRUN_FENCING_TOKEN", taken.fencing_token.to_string()),
+        ("LOCKRUN_LOCK_NAME", cfg.name.as_str().to_owned()),
+        ("LOCKRUN_SLOT", taken.slot.to_string()),
+    ])
+}
+
+/// The run's last line: its exit status, and how long the lock was held.
+fn log_finished(code: u8, hold: Duration) {
+    let fields = [("hold_ms", millis(hold)), ("exit_code", code.into())];
+    let msg = format!("finished with exit status {code}");
+    emit(Level::Info, Event::Finished, &msg, &fields);
+}
+
 /// Installs lockrun's signal handlers (saying which signals stay ignored) and makes it
-/// a child subreaper, before anything is taken.
-fn prepare() -> std::io::Result<Signals> {
-    let signals = Signals::install()?;
+/// a child subreaper, before anything is taken; then pauses for `--splay`.
+async fn prepare(cfg: &RunConfig) -> Result<Signals, Outcome> {
+    let mut signals =
+        Signals::install().map_err(|e| fail(&format!("cannot install signal handlers: {e}")))?;
     for sig in signals.ignored() {
         let msg =
             format!("{sig} was ignored when lockrun started: it stays ignored, not forwarded");
@@ -132,6 +149,7 @@ fn prepare() -> std::io::Result<Signals> {
             format!("cannot become a child subreaper ({e}): orphans of the command may escape");
         emit(Level::Warn, Event::Subreaper, &msg, &[]);
     }
+    splay(cfg, &mut signals, Random::OS).await?;
     Ok(signals)
 }
 

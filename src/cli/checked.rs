@@ -64,6 +64,7 @@ impl RunConfig {
             ttl,
             renew_every,
             wait: bounds::WAIT.check(args.wait)?,
+            splay: bounds::SPLAY.check(args.splay)?,
             conflict_exit_code: args.conflict_exit_code,
             hold_at_least: bounds::HOLD_AT_LEAST.check(args.hold_at_least)?,
             kill_signal: parse_signal(&args.kill_signal)?,
@@ -117,13 +118,14 @@ mod tests {
     fn durations_out_of_range_are_refused_even_when_clap_did_not_check_them() {
         const HUGE: Duration = Duration::from_secs(u64::MAX);
         type Spoil = fn(&mut RunArgs);
-        let cases: [(&str, Spoil); 7] = [
+        let cases: [(&str, Spoil); 8] = [
             ("--ttl", |a| a.ttl = Duration::ZERO),
             ("--ttl", |a| a.ttl = HUGE),
             ("--renew-every", |a| {
                 a.renew_every = Some(Duration::from_nanos(1))
             }),
             ("--wait", |a| a.wait = HUGE),
+            ("--splay", |a| a.splay = HUGE),
             ("--hold-at-least", |a| a.hold_at_least = HUGE),
             ("--kill-after", |a| a.kill_after = HUGE),
             ("--max-runtime", |a| a.max_runtime = Some(HUGE)),

@@ -36,6 +36,7 @@ mod operations;
 mod postgres;
 mod redis;
 mod soak;
+mod splay;
 mod supervisor;
 mod support;
 mod zookeeper;
