@@ -1,9 +1,12 @@
 //! The record of a lock's last run: what a run tells the backend as it gives the lock
 //! back ([`RunEnd`]), and what the backend keeps of it under the lock's name for
 //! `status` and `list` ([`RunRecord`]). The backend writes the record in the same
-//! step as the release (the release script on Redis), so a run makes no more round
-//! trips than before; the times in it are the backend's own clock, like the holder's
-//! start time. A record expires with the fencing counter (property 8 of
+//! step as the release (the release script on Redis, the release's statement on
+//! PostgreSQL, before the lock is let go of on `file://`), so a run makes no more
+//! round trips than before; the times in it are the backend's own clock, like the
+//! holder's start time. A record expires with the fencing counter, or 7 days after the
+//! run where the counter never expires (PostgreSQL's sequence), or stays bounded as
+//! the counter does (one file per name on `file://`: property 8 of
 //! docs/guarantees.md). Part of the backend interface; depends on nothing else.
 
 /// Why a run that held the lock ended, as kept in its record.
