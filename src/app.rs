@@ -88,7 +88,11 @@ fn run_command(args: &RunArgs, password: Option<String>) -> u8 {
                 Ok(runtime) => {
                     log::start_writer();
                     let backend = AnyBackend::open(&cfg.backend, !cfg.wait.is_zero());
-                    runtime.block_on(run::run(&cfg, &backend, guard))
+                    let report = runtime.block_on(run::run(&cfg, &backend, guard));
+                    // A name lookup of a ping that gave up may still hang on a
+                    // blocking thread: not waited for.
+                    runtime.shutdown_background();
+                    report
                 }
                 Err(e) => not_started(format!("{e:#}")),
             },

@@ -44,7 +44,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run COMMAND while holding the lock NAME (the default subcommand).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show who holds the lock NAME and how its last run ended (exit 0 held, 1 free, 125 error).
     Status(StatusArgs),
     /// Break the lock NAME whoever holds it (operator override; needs --force).
@@ -184,6 +184,14 @@ pub struct RunArgs {
     /// most 24h.
     #[arg(long, env = "LOCKRUN_SPLAY", default_value = "0", value_parser = |s: &str| bounds::SPLAY.parse(s), value_name = "DURATION")]
     pub splay: Duration,
+
+    /// A dead man's switch in the healthchecks.io style: the run that holds the lock
+    /// requests URL/start?rid=RID as the command starts and URL/STATUS?rid=RID when it
+    /// ends (STATUS = lockrun's exit status). Busy and skipped runs ping nothing. A ping
+    /// never delays the command nor changes the exit status; it gives up after about
+    /// 10 s (https_proxy, http_proxy, no_proxy apply; LOCKRUN_TLS_CA adds a CA).
+    #[arg(long, env = "LOCKRUN_PING", value_name = "URL", hide_env_values = true)]
+    pub ping: Option<String>,
 
     /// Exit status when the lock was not acquired.
     #[arg(long, env = "LOCKRUN_CONFLICT_EXIT_CODE", default_value_t = crate::outcome::DEFAULT_CONFLICT_EXIT_CODE, value_name = "N")]

@@ -12,9 +12,11 @@ use thiserror::Error;
 
 pub(crate) mod backend;
 pub mod bounds;
+pub mod ping;
 
 pub use crate::backend::url::BackendConfig;
 pub use crate::name::LockName;
+pub use ping::PingUrl;
 
 use crate::backend::url::UrlError;
 use crate::name::BadName;
@@ -51,6 +53,10 @@ pub enum ConfigError {
     /// A backend URL or option refused by the backend's parser.
     #[error(transparent)]
     Url(#[from] UrlError),
+    /// `--ping`'s URL is unusable (the words never quote it), or the CA file for it
+    /// cannot be read.
+    #[error("--ping: {0}")]
+    Ping(String),
     /// The password file could not be read, or holds no usable password.
     #[error("cannot use the password file {path}: {reason}")]
     PasswordFile {
@@ -126,6 +132,8 @@ pub struct RunConfig {
     pub kill_after: Duration,
     /// Stop the command after this long.
     pub max_runtime: Option<Duration>,
+    /// The dead man's switch to ping at the command's start and end.
+    pub ping: Option<PingUrl>,
     /// The command and its arguments (never empty).
     pub command: Vec<OsString>,
 }

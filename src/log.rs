@@ -119,6 +119,8 @@ events! {
     Finished => "finished",
     /// The release at the end failed; the lock expires within the TTL.
     ReleaseFailed => "release_failed",
+    /// A `--ping` request failed (the exit status is not changed).
+    PingFailed => "ping_failed",
     /// `release --force` broke a lock (or found none).
     ForceReleased => "force_released",
     /// lockrun failed (usage, configuration, backend, spawning the command).
@@ -445,6 +447,7 @@ mod tests {
                 "max_runtime",
                 "finished",
                 "release_failed",
+                "ping_failed",
                 "force_released",
                 "error",
                 "metrics_failed",

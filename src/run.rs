@@ -7,6 +7,7 @@
 
 mod acquire;
 mod child_env;
+mod ping;
 mod policy;
 mod supervise;
 
@@ -24,6 +25,7 @@ use crate::outcome::Outcome;
 use crate::supervisor::{Boundary, Guard, Job, Signals, SpawnError};
 use crate::units::ms;
 use acquire::{abandon, acquire, splay};
+use ping::Pinger;
 use policy::{Random, Taken};
 use supervise::supervise;
 
@@ -90,30 +92,49 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
             return report(fail(&msg));
         }
     };
-    let hold = backend.lock_fds(cfg.name.as_str());
-    // The guard knows the lease's deadline before the command exists (the supervise
-    // loop sends each later one).
-    let params = Params::new(cfg.ttl, cfg.renew_every, cfg.kill_after);
-    guard.deadline(params.deadline_from(taken.sent_at).since_boot());
-    let ended = match Job::start(guard, &env, &hold, request_timeout(cfg.ttl)) {
-        Ok(mut job) => {
-            log_contained(&job);
-            let ended = supervise(cfg, backend, &mut signals, &mut job, &taken, timer).await;
-            // The whole job is gone: the guard may let go of the lock's files.
-            job.done();
-            ended
-        }
-        Err(e) => spawn_failed(cfg, e),
-    };
+    let (ended, pinger) = job(cfg, backend, guard, &env, &mut signals, &taken, timer).await;
     let hold = BootInstant::now().saturating_since(taken.sent_at);
     if ended.lease == LeaseAtEnd::Ours {
         release(cfg, backend, &taken.token, hold, run_end(ended.outcome)).await;
+    }
+    // After the release: a slow ping server never holds the lock.
+    if let Some(pinger) = pinger {
+        pinger.end(ended.outcome.exit_code(), &mut signals).await;
     }
     log_finished(ended.outcome.exit_code(), hold);
     RunReport {
         outcome: ended.outcome,
         waited: taken.waited,
         held: hold,
+    }
+}
+
+/// Starts the command (and `--ping`'s start ping) and supervises it until its whole
+/// group is gone.
+async fn job<B: Backend>(
+    cfg: &RunConfig,
+    backend: &B,
+    guard: Guard,
+    env: &[crate::supervisor::EnvChange],
+    signals: &mut Signals,
+    taken: &Taken,
+    timer: Timer,
+) -> (Ended, Option<Pinger>) {
+    let hold = backend.lock_fds(cfg.name.as_str());
+    // The guard knows the lease's deadline before the command exists (the supervise
+    // loop sends each later one).
+    let params = Params::new(cfg.ttl, cfg.renew_every, cfg.kill_after);
+    guard.deadline(params.deadline_from(taken.sent_at).since_boot());
+    match Job::start(guard, env, &hold, request_timeout(cfg.ttl)) {
+        Ok(mut job) => {
+            log_contained(&job);
+            let pinger = Pinger::start(cfg, taken);
+            let ended = supervise(cfg, backend, signals, &mut job, taken, timer).await;
+            // The whole job is gone: the guard may let go of the lock's files.
+            job.done();
+            (ended, pinger)
+        }
+        Err(e) => (spawn_failed(cfg, e), None),
     }
 }
 

@@ -7,7 +7,9 @@
 use super::{BackendArgs, RunArgs};
 use crate::backend::url::BackendOptions;
 use crate::config::backend::check_backend;
-use crate::config::{bounds, parse_signal, BackendConfig, ConfigError, LockName, RunConfig};
+use crate::config::{
+    bounds, parse_signal, BackendConfig, ConfigError, LockName, PingUrl, RunConfig,
+};
 
 impl BackendArgs {
     /// The options every backend may read, as plain values.
@@ -70,9 +72,32 @@ impl RunConfig {
             kill_signal: parse_signal(&args.kill_signal)?,
             kill_after: bounds::KILL_AFTER.check(args.kill_after)?,
             max_runtime,
+            ping: check_ping(args.ping.as_deref(), &|v| std::env::var(v).ok())?,
             command: args.command.clone(),
         })
     }
+}
+
+/// `--ping`'s URL, checked, with the CA of `LOCKRUN_TLS_CA` (`get` looks a variable up)
+/// for an `https://` one; an empty value is no ping.
+fn check_ping(
+    url: Option<&str>,
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<PingUrl>, ConfigError> {
+    let Some(url) = url.filter(|u| !u.is_empty()) else {
+        return Ok(None);
+    };
+    let mut ping = PingUrl::parse(url).map_err(ConfigError::Ping)?;
+    if let Some(path) = get("LOCKRUN_TLS_CA").filter(|p| ping.tls && !p.is_empty()) {
+        let pem = std::fs::read(&path).map_err(|e| {
+            ConfigError::Ping(format!(
+                "cannot read the CA file {path} (LOCKRUN_TLS_CA): {}",
+                e.kind()
+            ))
+        })?;
+        ping.ca = Some(pem);
+    }
+    Ok(Some(ping))
 }
 
 #[cfg(test)]
@@ -89,7 +114,7 @@ mod tests {
         let mut argv = vec!["lockrun", "run", "--url", "redis://127.0.0.1:6379"];
         argv.extend_from_slice(extra);
         match Cli::try_parse_from(argv).unwrap().command {
-            Command::Run(r) => r,
+            Command::Run(r) => *r,
             other => panic!("{other:?}"),
         }
     }
