@@ -33,6 +33,7 @@ mod key_layout;
 mod lease;
 mod metrics;
 mod operations;
+mod ping;
 mod postgres;
 mod redis;
 mod soak;

@@ -108,14 +108,16 @@ where
         .await
         .map_err(|e| format!("HTTP error: {e}"))?;
     let answer = sender.send_request(request);
-    tokio::pin!(conn);
+    tokio::pin!(conn, answer);
+    // The connection may end (the server closing it) before the answer is taken.
     let response = tokio::select! {
-        r = answer => r.map_err(|e| format!("HTTP error: {e}"))?,
-        c = &mut conn => return Err(match c {
-            Ok(()) => "the server closed the connection without an answer".to_owned(),
-            Err(e) => format!("HTTP error: {e}"),
-        }),
-    };
+        r = &mut answer => r,
+        c = &mut conn => match c {
+            Ok(()) => answer.await,
+            Err(e) => return Err(format!("HTTP error: {e}")),
+        },
+    }
+    .map_err(|e| format!("HTTP error: {e}"))?;
     let status = response.status();
     if status.is_success() {
         Ok(())

@@ -14,6 +14,7 @@
 //! - `backends`: every backend behind one interface, for the conformance suite (the
 //!   file backend too, with no server: a temporary directory);
 //! - `history`: the one mutual-exclusion and fencing checker;
+//! - `ping`: a recording HTTP(S) server and a CONNECT proxy for `--ping`;
 //! - `serial`: which tests may run side by side.
 //!
 //! Rules every helper keeps, so that tests can run in parallel on a small noisy machine:
@@ -32,6 +33,7 @@ mod job;
 mod nutcracker;
 mod pg;
 mod pgbouncer;
+mod ping;
 mod process;
 mod proxy;
 mod redis;
@@ -62,6 +64,7 @@ pub use job::*;
 pub use nutcracker::Nutcracker;
 pub use pg::{Db, PrivatePg, Table};
 pub use pgbouncer::{PgBouncer, Pool};
+pub use ping::{Answer, ConnectProxy, PingRequest, PingServer};
 pub use process::*;
 pub use proxy::{Mode, Proxy, Watch, Watcher};
 pub use redis::{fence_key, limit_key, lock_key, slot_key, waiter_key, RedisServer};
