@@ -169,7 +169,7 @@ _lockrun() {
             return 0
             ;;
         lockrun__subcmd__run)
-            opts="-q -v -h --url --password-file --key-prefix --slots --allow-eviction --pg-table --quiet --verbose --log-format --ttl --renew-every --wait --splay --conflict-exit-code --hold-at-least --kill-signal --kill-after --max-runtime --metrics-file --help"
+            opts="-q -v -h --url --password-file --key-prefix --slots --allow-eviction --pg-table --quiet --verbose --log-format --ttl --renew-every --wait --splay --ping --conflict-exit-code --hold-at-least --kill-signal --kill-after --max-runtime --metrics-file --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -212,6 +212,10 @@ _lockrun() {
                     return 0
                     ;;
                 --splay)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --ping)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
