@@ -298,3 +298,42 @@ fn a_bad_url_is_refused_before_anything_starts() {
         assert!(!s.exists("ran"), "{url}: the command ran");
     }
 }
+
+/// A signal while lockrun waits on its end ping ends the wait at once, the exit status
+/// the command's, with one line saying the ping was not sent.
+#[test]
+fn a_signal_ends_the_wait_for_the_end_ping() {
+    let f = FileService::start();
+    let server = PingServer::start(Answer::Never);
+    let url = format!("http://127.0.0.1:{}/sig", server.port());
+    let mut lr = spawn(pinging(&f, &url, &[], &sh("exit 3")));
+    wait_until("the start ping's connection", WAIT, || {
+        server.accepted() >= 1
+    });
+    // Once the lock is free again, lockrun is past its release, waiting on the pings.
+    wait_until("the release", WAIT, || {
+        run(lockrun_run(&f.lock_url(), "job", &[], &["true"])).code == Some(0)
+    });
+    assert!(
+        lr.is_running(),
+        "lockrun waits on its ping (else the check proves nothing)"
+    );
+    lr.signal(nix::sys::signal::Signal::SIGTERM);
+    let sent = Instant::now();
+    let done = lr.wait_for(Duration::from_secs(30));
+    let took = sent.elapsed();
+    done.assert_code(3);
+    assert!(
+        took < Duration::from_secs(3),
+        "lockrun ended {took:?} after SIGTERM"
+    );
+    let lines = ping_failures(&done.stderr);
+    assert!(lines.is_empty(), "{}", done.stderr);
+    assert!(
+        done.stderr
+            .lines()
+            .any(|l| l.contains("did not ping") && l.contains("signal")),
+        "{}",
+        done.stderr
+    );
+}
