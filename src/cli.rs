@@ -49,6 +49,9 @@ pub enum Command {
     Status(StatusArgs),
     /// Break the lock NAME whoever holds it (operator override; needs --force).
     Release(ReleaseArgs),
+    /// List the locks under --key-prefix that are held or have a last run, one line
+    /// each: holders, TTL left, last run (exit 0, 125 on error).
+    List(ListArgs),
 }
 
 /// Where the lock lives. The `--url` help is built from the table of backends
@@ -250,6 +253,26 @@ pub struct StatusArgs {
     pub name: String,
 }
 
+/// Arguments of `lockrun list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Backend options.
+    #[command(flatten)]
+    pub backend: BackendArgs,
+
+    /// Logging options.
+    #[command(flatten)]
+    pub log: LogArgs,
+
+    /// Print a JSON array of `status --json` objects instead of lines.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Only the names matching this shell glob (`*`, `?`, `[a-z]`); quote it.
+    #[arg(value_name = "PATTERN")]
+    pub pattern: Option<String>,
+}
+
 /// Arguments of `lockrun release`.
 #[derive(Debug, Args)]
 pub struct ReleaseArgs {
@@ -271,7 +294,7 @@ pub struct ReleaseArgs {
 }
 
 /// The subcommand names; anything else in first position means `run`.
-const SUBCOMMANDS: &[&str] = &["run", "status", "release", "help"];
+const SUBCOMMANDS: &[&str] = &["run", "status", "release", "list", "help"];
 
 /// Inserts the default subcommand `run` unless the first argument names a subcommand
 /// or asks for help or the version.

@@ -274,7 +274,8 @@ fn run_end(outcome: Outcome) -> RunEnd {
         | Outcome::Busy(_)
         | Outcome::Held
         | Outcome::Free
-        | Outcome::ForceReleased => EndedBy::NotStarted,
+        | Outcome::ForceReleased
+        | Outcome::Listed => EndedBy::NotStarted,
     };
     RunEnd {
         exit_status: outcome.exit_code(),

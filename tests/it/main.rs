@@ -31,6 +31,7 @@ mod file;
 mod fuzz;
 mod key_layout;
 mod lease;
+mod list;
 mod metrics;
 mod operations;
 mod postgres;

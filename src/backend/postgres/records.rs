@@ -70,6 +70,13 @@ pub(super) fn last_run(table: &str) -> String {
     )
 }
 
+/// The statement `lockrun list` finds the names with: `$1` the prefix and `{`.
+/// Answers the key of every row under it, live or not (a name's holders and record
+/// are then read as `status` reads them).
+pub(super) fn names(table: &str) -> String {
+    format!("SELECT name FROM {table} WHERE starts_with(name, $1)")
+}
+
 /// The fields a record keeps in its `token` column.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct RecordToken {
