@@ -71,6 +71,46 @@ fn on_postgres() {
     lists_what_ran_and_what_is_held(&Backend::new(Postgres::start()));
 }
 
+#[test]
+fn on_redis() {
+    lists_what_ran_and_what_is_held(&Backend::new(RedisServer::start()));
+}
+
+#[test]
+fn on_redlock() {
+    lists_what_ran_and_what_is_held(&Backend::new(Quorum::start()));
+}
+
+#[test]
+fn on_sentinel() {
+    lists_what_ran_and_what_is_held(&Backend::new(SentinelService::start()));
+}
+
+/// In a Cluster each master holds its own names: `list` through one node shows the
+/// names of all three.
+#[test]
+fn on_a_cluster_through_one_node() {
+    let c = RedisCluster::start();
+    let url = c.url(0);
+    let names: Vec<String> = (0..12).map(|i| format!("job{i:02}")).collect();
+    for n in &names {
+        run(lockrun_run(&url, n, &[], &["true"])).assert_code(0);
+    }
+    let masters: std::collections::BTreeSet<usize> = names
+        .iter()
+        .map(|n| c.master_of(c.key_slot(&format!("lockrun:{{{n}}}"))))
+        .collect();
+    assert_eq!(masters.len(), 3, "12 names should span the 3 masters");
+    let mut cmd = lockrun();
+    cmd.args(["list", "--json", "--url", &url]);
+    let listed = run(cmd);
+    listed.assert_code(0);
+    let all: Vec<Value> = serde_json::from_str(&listed.stdout).expect("a JSON array");
+    let got: Vec<&str> = all.iter().map(|v| v["name"].as_str().unwrap()).collect();
+    assert_eq!(got, names, "{}", listed.stdout);
+    assert!(all.iter().all(|v| v["last_run"]["exit_status"] == 0));
+}
+
 /// Nothing under the prefix: an empty array, and no line; exit 0.
 #[test]
 fn an_empty_prefix_lists_nothing() {

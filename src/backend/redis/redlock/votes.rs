@@ -1,8 +1,12 @@
 //! Counting the servers' answers for Redlock: which slot a majority can hold, the
-//! votes for it, another N seen, and the holders grouped by slot and token. Pure
-//! functions; part of [`super`].
+//! votes for it, another N seen, and the holders grouped by slot and token (pure
+//! functions); the quorum's refusal and `list`'s names. Part of [`super`].
+
+use std::time::Duration;
 
 use super::super::replies::{AcquireReply, HoldersReply, SlotHolder};
+use super::super::RedisBackend;
+use super::RedlockBackend;
 use crate::backend::{BackendError, Holder, RunRecord};
 
 /// The free slots each server saw when it took one (`None`: it took none).
@@ -115,6 +119,49 @@ pub fn majority_record(records: &[Option<RunRecord>], quorum: usize) -> Option<R
             .then(|| same.into_iter().min_by_key(|r| r.ended_ms).cloned())
             .flatten()
     })
+}
+
+impl RedlockBackend {
+    /// Explains a missing quorum from the answers' errors.
+    pub(super) fn no_quorum<T>(
+        &self,
+        what: &str,
+        ok: usize,
+        answers: &[Result<T, BackendError>],
+    ) -> BackendError {
+        let first_error = answers.iter().find_map(|a| a.as_ref().err());
+        let refused = answers
+            .iter()
+            .filter(|a| matches!(a, Err(BackendError::Refused(_))))
+            .count();
+        let detail = first_error.map(|e| format!(" ({e})")).unwrap_or_default();
+        let msg = format!(
+            "only {ok} of {} Redis servers {what}; a majority of {} is needed{detail}",
+            self.nodes.len(),
+            self.quorum()
+        );
+        if refused > self.nodes.len() - self.quorum() {
+            BackendError::Refused(msg)
+        } else {
+            BackendError::Unavailable(msg)
+        }
+    }
+
+    /// `lockrun list`: the names any server that answered has keys of (each is then
+    /// asked as `status` asks, by majority), once a majority answered.
+    pub(super) async fn quorum_names(&self) -> Result<Vec<String>, BackendError> {
+        let answers = self
+            .on_all(Duration::from_secs(5), RedisBackend::scan_names)
+            .await;
+        let answered = answers.iter().filter(|a| a.is_ok()).count();
+        if answered < self.quorum() {
+            return Err(self.no_quorum("answered", answered, &answers));
+        }
+        let mut names: Vec<String> = answers.into_iter().flatten().flatten().collect();
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
 }
 
 #[cfg(test)]
