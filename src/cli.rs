@@ -188,6 +188,13 @@ pub struct RunArgs {
     #[arg(long, env = "LOCKRUN_SPLAY", default_value = "0", value_parser = |s: &str| bounds::SPLAY.parse(s), value_name = "DURATION")]
     pub splay: Duration,
 
+    /// Run only if no run of NAME that started within this long (by the backend's
+    /// clock) succeeded, judged while holding the lock; else exit with the conflict
+    /// status, the command not started. A failed run does not count. At most 7d; not
+    /// on etcd or ZooKeeper yet.
+    #[arg(long, env = "LOCKRUN_ONCE_PER", value_parser = |s: &str| bounds::ONCE_PER.parse(s), value_name = "DURATION")]
+    pub once_per: Option<Duration>,
+
     /// Exit status when the lock was not acquired.
     #[arg(long, env = "LOCKRUN_CONFLICT_EXIT_CODE", default_value_t = crate::outcome::DEFAULT_CONFLICT_EXIT_CODE, value_name = "N")]
     pub conflict_exit_code: u8,
@@ -402,6 +409,8 @@ mod tests {
             ("--wait", "366d", "0 to 365d"),
             ("--hold-at-least", "25h", "0 to 24h"),
             ("--splay", "24h 1ms", "0 to 24h"),
+            ("--once-per", "8d", "1ms to 7d"),
+            ("--once-per", "0", "1ms to 7d"),
             ("--kill-after", "2d", "0 to 24h"),
             ("--max-runtime", "500000000000y", "0 (no limit) to 365d"),
         ] {

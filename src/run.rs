@@ -7,6 +7,7 @@
 
 mod acquire;
 mod child_env;
+mod once_per;
 mod policy;
 mod supervise;
 
@@ -74,11 +75,10 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
         waited: BootInstant::now().saturating_since(started),
         held: Duration::ZERO,
     };
-    let taken = match acquire(cfg, backend, request(cfg), &mut signals).await {
+    let taken = match take(cfg, backend, &mut signals).await {
         Ok(t) => t,
         Err(outcome) => return report(outcome),
     };
-    log_acquired(cfg, &taken);
     let env = command_env(cfg, &taken);
     // The lease timer exists before the command does: without it the lease could
     // not be enforced, so a failure here means not starting at all.
@@ -115,6 +115,22 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
         waited: taken.waited,
         held: hold,
     }
+}
+
+/// Takes the lock and, with `--once-per`, judges whether the command may start
+/// (`run/once_per.rs`); a run that may not gives the lock back, with no record.
+async fn take<B: Backend>(
+    cfg: &RunConfig,
+    backend: &B,
+    signals: &mut Signals,
+) -> Result<Taken, Outcome> {
+    let taken = acquire(cfg, backend, request(cfg), signals).await?;
+    log_acquired(cfg, &taken);
+    if let Err(outcome) = once_per::check(cfg, backend, &taken).await {
+        abandon(cfg, backend, &taken.token).await;
+        return Err(outcome);
+    }
+    Ok(taken)
 }
 
 /// What the command's environment gets on top of lockrun's, less the credentials.

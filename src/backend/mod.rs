@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-pub use record::{EndedBy, RunEnd, RunRecord};
+pub use record::{EndedBy, LastOk, RunEnd, RunRecord};
 
 /// The longest lease any backend takes: lockrun's largest `--ttl` and
 /// `--hold-at-least` ([`crate::config::bounds`]). Each backend refuses a longer one

@@ -33,6 +33,7 @@ mod key_layout;
 mod lease;
 mod list;
 mod metrics;
+mod once_per;
 mod operations;
 mod postgres;
 mod redis;

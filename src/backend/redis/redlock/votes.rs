@@ -104,21 +104,39 @@ pub fn group<'a>(holders: impl Iterator<Item = &'a SlotHolder>) -> Vec<(usize, H
 /// The last run a majority of the servers keeps: the record of the largest fencing
 /// token that at least `quorum` servers hold (each server's copy differs only in its
 /// own clock's end time; the earliest is shown). A release that reached only a
-/// minority is not the quorum's: the run before it is shown then.
+/// minority is not the quorum's: the run before it is shown then. Its last success is
+/// the newest any server keeps.
 pub fn majority_record(records: &[Option<RunRecord>], quorum: usize) -> Option<RunRecord> {
     let mut tokens: Vec<u64> = records.iter().flatten().map(|r| r.fencing_token).collect();
     tokens.sort_unstable_by(|a, b| b.cmp(a));
     tokens.dedup();
-    tokens.into_iter().find_map(|token| {
-        let same: Vec<&RunRecord> = records
-            .iter()
-            .flatten()
-            .filter(|r| r.fencing_token == token)
-            .collect();
-        (same.len() >= quorum)
-            .then(|| same.into_iter().min_by_key(|r| r.ended_ms).cloned())
-            .flatten()
-    })
+    tokens
+        .into_iter()
+        .find_map(|token| {
+            let same: Vec<&RunRecord> = records
+                .iter()
+                .flatten()
+                .filter(|r| r.fencing_token == token)
+                .collect();
+            (same.len() >= quorum)
+                .then(|| same.into_iter().min_by_key(|r| r.ended_ms).cloned())
+                .flatten()
+        })
+        .map(|mut r| {
+            // The last success is the newest any server keeps (`--once-per` would rather
+            // skip a run than repeat one whose success reached a minority).
+            r.last_ok = newest_ok(records);
+            r
+        })
+}
+
+/// The newest last success any of `records` keeps.
+fn newest_ok(records: &[Option<RunRecord>]) -> Option<crate::backend::LastOk> {
+    records
+        .iter()
+        .flatten()
+        .filter_map(|r| r.last_ok.clone())
+        .max_by_key(|ok| ok.started_ms)
 }
 
 impl RedlockBackend {
@@ -184,6 +202,19 @@ mod tests {
         assert_eq!(got(&[rec(9, 50), rec(7, 20), rec(7, 25)]), Some((7, 20)));
         assert_eq!(got(&[rec(9, 50), None, rec(7, 25)]), None);
         assert_eq!(got(&[None, None, None]), None);
+        let ok = |started_ms: u64| crate::backend::LastOk {
+            started_ms,
+            host: "h".into(),
+        };
+        let with_ok = |fence: u64, started: u64| {
+            Some(RunRecord {
+                fencing_token: fence,
+                last_ok: Some(ok(started)),
+                ..RunRecord::default()
+            })
+        };
+        let r = majority_record(&[with_ok(7, 10), with_ok(7, 10), with_ok(9, 40)], 2);
+        assert_eq!(r.unwrap().last_ok, Some(ok(40)));
     }
 
     fn map(s: &str) -> Vec<bool> {
