@@ -227,7 +227,7 @@ _lockrun() {
             return 0
             ;;
         lockrun__subcmd__run)
-            opts="-q -v -h --url --password-file --key-prefix --slots --allow-eviction --pg-table --quiet --verbose --log-format --ttl --renew-every --wait --splay --conflict-exit-code --hold-at-least --kill-signal --kill-after --max-runtime --metrics-file --help"
+            opts="-q -v -h --url --password-file --key-prefix --slots --allow-eviction --pg-table --quiet --verbose --log-format --ttl --renew-every --wait --splay --once-per --conflict-exit-code --hold-at-least --kill-signal --kill-after --max-runtime --metrics-file --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -270,6 +270,10 @@ _lockrun() {
                     return 0
                     ;;
                 --splay)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --once-per)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
