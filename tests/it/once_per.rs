@@ -310,3 +310,54 @@ fn etcd_and_zookeeper_refuse_once_per_at_start() {
         );
     }
 }
+
+/// A run that waits (`--wait`) while another holds the lock judges once it holds it:
+/// the other's success, which came while it waited, skips it; its failure would not.
+fn judged_after_the_wait(at: &At, url: &str) {
+    for (exit, code, runs) in [("0", 75, false), ("3", 0, true)] {
+        let name = format!("wait{exit}");
+        let s = Scratch::new();
+        let script = format!(r#"{HOLD}; exit {exit}"#);
+        let opts = ["--once-per", "1h"];
+        let (mut first, _) = hold(lockrun_run(url, &name, &opts, &sh(&script)), &s);
+        let w = Scratch::new();
+        let mut waiter = spawn(at.cmd(
+            &name,
+            &["--once-per", "1h", "--wait", "60s", "-v"],
+            r#"touch "$M""#,
+            &w,
+        ));
+        // The waiter has found the lock busy before the first run ends.
+        while !waiter.stderr_so_far().contains("\"event\":\"waiting\"") {
+            assert!(waiter.is_running(), "the waiter ended before waiting");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s.touch("go");
+        first.wait().assert_code(exit.parse().unwrap());
+        let f = waiter.wait();
+        f.assert_code(code);
+        assert_eq!(w.exists("m"), runs, "after exit {exit}:\n{}", f.stderr);
+    }
+}
+
+#[test]
+fn redis_judges_after_the_wait() {
+    let r = RedisServer::start();
+    let url = r.url();
+    let at = At {
+        args: vec!["--url".into(), url.clone()],
+        _server: Box::new(r),
+    };
+    judged_after_the_wait(&at, &url);
+}
+
+#[test]
+fn file_judges_after_the_wait() {
+    let f = FileService::start();
+    let url = f.lock_url();
+    let at = At {
+        args: vec!["--url".into(), url.clone()],
+        _server: Box::new(f),
+    };
+    judged_after_the_wait(&at, &url);
+}
