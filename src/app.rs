@@ -57,6 +57,14 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             ));
             Ok(outcome.exit_code())
         }
+        Command::List(args) => {
+            install_logger(&args.log, "");
+            let cfg = BackendConfig::from_args(&args.backend, password)?;
+            let backend = AnyBackend::open(&cfg, false);
+            let pattern = args.pattern.as_deref();
+            let outcome = runtime()?.block_on(admin::list(&backend, pattern, args.json));
+            Ok(outcome.exit_code())
+        }
         Command::Release(args) => {
             install_logger(&args.log, &args.name);
             let backend = admin_backend(&args.backend, &args.name, password)?;

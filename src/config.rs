@@ -57,6 +57,9 @@ pub enum ConfigError {
     /// cannot be read.
     #[error("--ping: {0}")]
     Ping(String),
+    /// `--once-per` on a backend that keeps no record of the last success.
+    #[error("--once-per is not supported on {0}:// yet: it needs run records (docs/backends.md)")]
+    OncePerUnsupported(String),
     /// The password file could not be read, or holds no usable password.
     #[error("cannot use the password file {path}: {reason}")]
     PasswordFile {
@@ -122,6 +125,8 @@ pub struct RunConfig {
     pub wait: Duration,
     /// The longest random pause before the first attempt.
     pub splay: Duration,
+    /// Run only if no run succeeded within this long (`--once-per`).
+    pub once_per: Option<Duration>,
     /// Exit status when busy.
     pub conflict_exit_code: u8,
     /// Minimum time the lock stays taken after acquisition.

@@ -91,6 +91,8 @@ events! {
     Busy => "busy",
     /// The random pause before the first attempt (`--splay`).
     Splay => "splay",
+    /// `--once-per`: a run of the name succeeded within the period; not run.
+    Skipped => "skipped",
     /// The lock is held by someone else: waiting for it (`--wait`), said once a run.
     Waiting => "waiting",
     /// A renewal failed for a reason that may pass; retried while the lease is valid.
@@ -433,6 +435,7 @@ mod tests {
                 "acquired",
                 "busy",
                 "splay",
+                "skipped",
                 "waiting",
                 "renew_failed",
                 "lost",

@@ -7,6 +7,7 @@
 
 mod acquire;
 mod child_env;
+mod once_per;
 mod ping;
 mod policy;
 mod supervise;
@@ -76,11 +77,10 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
         waited: BootInstant::now().saturating_since(started),
         held: Duration::ZERO,
     };
-    let taken = match acquire(cfg, backend, request(cfg), &mut signals).await {
+    let taken = match take(cfg, backend, &mut signals).await {
         Ok(t) => t,
         Err(outcome) => return report(outcome),
     };
-    log_acquired(cfg, &taken);
     let env = command_env(cfg, &taken);
     // The lease timer exists before the command does: without it the lease could
     // not be enforced, so a failure here means not starting at all.
@@ -125,10 +125,12 @@ async fn job<B: Backend>(
     // loop sends each later one).
     let params = Params::new(cfg.ttl, cfg.renew_every, cfg.kill_after);
     guard.deadline(params.deadline_from(taken.sent_at).since_boot());
+    // The run's duration for `--ping`: from before the command's start.
+    let starting = tokio::time::Instant::now();
     match Job::start(guard, env, &hold, request_timeout(cfg.ttl)) {
         Ok(mut job) => {
             log_contained(&job);
-            let pinger = Pinger::start(cfg, taken);
+            let pinger = Pinger::start(cfg, taken, starting);
             let ended = supervise(cfg, backend, signals, &mut job, taken, timer).await;
             // The whole job is gone: the guard may let go of the lock's files.
             job.done();
@@ -136,6 +138,22 @@ async fn job<B: Backend>(
         }
         Err(e) => (spawn_failed(cfg, e), None),
     }
+}
+
+/// Takes the lock and, with `--once-per`, judges whether the command may start
+/// (`run/once_per.rs`); a run that may not gives the lock back, with no record.
+async fn take<B: Backend>(
+    cfg: &RunConfig,
+    backend: &B,
+    signals: &mut Signals,
+) -> Result<Taken, Outcome> {
+    let taken = acquire(cfg, backend, request(cfg), signals).await?;
+    log_acquired(cfg, &taken);
+    if let Err(outcome) = once_per::check(cfg, backend, &taken).await {
+        abandon(cfg, backend, &taken.token).await;
+        return Err(outcome);
+    }
+    Ok(taken)
 }
 
 /// What the command's environment gets on top of lockrun's, less the credentials.
@@ -295,7 +313,8 @@ fn run_end(outcome: Outcome) -> RunEnd {
         | Outcome::Busy(_)
         | Outcome::Held
         | Outcome::Free
-        | Outcome::ForceReleased => EndedBy::NotStarted,
+        | Outcome::ForceReleased
+        | Outcome::Listed => EndedBy::NotStarted,
     };
     RunEnd {
         exit_status: outcome.exit_code(),

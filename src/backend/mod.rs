@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-pub use record::{EndedBy, RunEnd, RunRecord};
+pub use record::{EndedBy, LastOk, RunEnd, RunRecord};
 
 /// The longest lease any backend takes: lockrun's largest `--ttl` and
 /// `--hold-at-least` ([`crate::config::bounds`]). Each backend refuses a longer one
@@ -253,6 +253,16 @@ pub trait Backend {
         Ok(None)
     }
 
+    /// Every lock name under the key prefix that may be held or have a record of its
+    /// last run (`lockrun list`), in any order; the caller asks each one for its
+    /// holders and record. A backend that cannot list names yet refuses.
+    async fn names(&self) -> Result<Vec<String>, BackendError> {
+        Err(BackendError::Refused(
+            "lockrun list cannot list the lock names of this backend yet: use lockrun status NAME"
+                .into(),
+        ))
+    }
+
     /// Breaks the lock whoever holds it (every slot); returns the holders it removed.
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError>;
 
@@ -308,6 +318,7 @@ trait DynBackend {
     ) -> Call<'a, ()>;
     fn inspect<'a>(&'a self, name: &'a str) -> Call<'a, Vec<Holder>>;
     fn last_run<'a>(&'a self, name: &'a str) -> Call<'a, Option<RunRecord>>;
+    fn names(&self) -> Call<'_, Vec<String>>;
     fn force_release<'a>(&'a self, name: &'a str) -> Call<'a, Vec<Holder>>;
     fn wait_for_release<'a>(
         &'a self,
@@ -340,6 +351,9 @@ impl<B: Backend> DynBackend for B {
     }
     fn last_run<'a>(&'a self, name: &'a str) -> Call<'a, Option<RunRecord>> {
         Box::pin(Backend::last_run(self, name))
+    }
+    fn names(&self) -> Call<'_, Vec<String>> {
+        Box::pin(Backend::names(self))
     }
     fn force_release<'a>(&'a self, name: &'a str) -> Call<'a, Vec<Holder>> {
         Box::pin(Backend::force_release(self, name))
@@ -385,6 +399,10 @@ impl Backend for AnyBackend {
 
     async fn last_run(&self, name: &str) -> Result<Option<RunRecord>, BackendError> {
         self.0.last_run(name).await
+    }
+
+    async fn names(&self) -> Result<Vec<String>, BackendError> {
+        self.0.names().await
     }
 
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {

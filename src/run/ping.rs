@@ -53,8 +53,8 @@ pub(super) struct Pinger {
 
 impl Pinger {
     /// Sends the start ping in a task of its own, if `--ping` was given; call it once
-    /// the command runs.
-    pub fn start(cfg: &RunConfig, taken: &Taken) -> Option<Pinger> {
+    /// the command runs (`started`: just before it was started).
+    pub fn start(cfg: &RunConfig, taken: &Taken, started: Instant) -> Option<Pinger> {
         let url = cfg.ping.clone()?;
         let host = nix::unistd::gethostname()
             .map_or_else(|_| "unknown".into(), |h| h.to_string_lossy().into_owned());
@@ -78,7 +78,7 @@ impl Pinger {
         Some(Pinger {
             shared,
             start,
-            started: Instant::now(),
+            started,
         })
     }
 

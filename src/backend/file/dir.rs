@@ -64,6 +64,22 @@ impl LockDir {
         }))
     }
 
+    /// The names of the entries in the directory (read through its descriptor, not
+    /// its path), in no order.
+    pub fn entries(&self) -> Result<Vec<String>, BackendError> {
+        use std::os::fd::AsRawFd;
+        let at = format!("/proc/self/fd/{}", self.dir.as_raw_fd());
+        let list = std::fs::read_dir(at).map_err(|e| self.io(".", &e))?;
+        let mut out = Vec::new();
+        for entry in list {
+            let entry = entry.map_err(|e| self.io(".", &e))?;
+            if let Ok(name) = entry.file_name().into_string() {
+                out.push(name);
+            }
+        }
+        Ok(out)
+    }
+
     /// False if the directory's path now names another directory (or nothing): its
     /// lock files are then not the ones other lockruns lock.
     pub fn still_at_path(&self) -> Result<bool, BackendError> {

@@ -14,12 +14,15 @@
 //! ended_ms 1714557605000     (release, wall clock)
 //! exit_status 3
 //! ended_by exited
+//! ok_started_ms 1714550400000   (the last success's acquisition; both lines only
+//! ok_host web-2                  once a run of the name exited 0)
 //! ```
 //!
 //! A run's release writes it from its holder line in the lock file (host, pid, token,
 //! slot, start), under the lock file's record guard (byte 1), before it lets go of
 //! its slot: so two releases of a semaphore's slots write one after the other, and
 //! `status`, which reads it under the same guard (shared), never sees half of one.
+//! A run that did not exit 0 keeps the last success of the record it replaces.
 //! As a lock file's record, it is padded to 512 bytes and never written shorter (one
 //! sector: in practice written whole), and not fsynced (a crash of the machine may
 //! leave the run before). It is best effort: a release never fails for it; `status`
@@ -33,7 +36,7 @@ use super::lock::{lock_record, Kind};
 use super::lockfile::LockFile;
 use super::record::{field, host_value, number, pid_value, Record};
 use super::{name, now_ms, FileBackend, Held};
-use crate::backend::{BackendError, RunEnd, RunRecord, MAX_SLOTS};
+use crate::backend::{BackendError, LastOk, RunEnd, RunRecord, MAX_SLOTS};
 
 /// The first line.
 const MAGIC: &str = "lockrun last run 1";
@@ -50,7 +53,9 @@ fn to_text(r: &RunRecord) -> String {
         "{MAGIC}\nhost {}\npid {}\nfencing_token {}\nslot {}\nstarted_ms {}\nended_ms {}\n\
          exit_status {}\nended_by {}\n",
         r.host, r.pid, r.fencing_token, r.slot, r.started_ms, r.ended_ms, r.exit_status, r.ended_by
-    )
+    ) + &r.last_ok.as_ref().map_or_else(String::new, |ok| {
+        format!("ok_started_ms {}\nok_host {}\n", ok.started_ms, ok.host)
+    })
 }
 
 /// The bytes to write over a file of `len` bytes: the text, padded by a line of
@@ -79,7 +84,17 @@ fn parse(bytes: &[u8]) -> Result<Option<RunRecord>, String> {
     if lines.len() > 2 && lines.last().is_some_and(|l| l.bytes().all(|b| b == b' ')) {
         lines.pop();
     }
-    let [magic, host, pid, fence, slot, started, ended, exit, by] = lines.as_slice() else {
+    let (last_ok, lines) = match lines.as_slice() {
+        [first @ .., ok_started, ok_host] if first.len() == 9 => {
+            let ok = LastOk {
+                started_ms: number(field(Some(ok_started), "ok_started_ms")?)?,
+                host: host_value(field(Some(ok_host), "ok_host")?)?,
+            };
+            (Some(ok), first)
+        }
+        all => (None, all),
+    };
+    let [magic, host, pid, fence, slot, started, ended, exit, by] = lines else {
         return Err("it does not have the lines of one".to_owned());
     };
     if *magic != MAGIC {
@@ -108,6 +123,7 @@ fn parse(bytes: &[u8]) -> Result<Option<RunRecord>, String> {
         ended_ms: number(field(Some(ended), "ended_ms")?)?,
         exit_status: small(exit, "exit_status", 256)? as u8,
         ended_by: ended_by.to_owned(),
+        last_ok,
     }))
 }
 
@@ -162,7 +178,7 @@ impl FileBackend {
         let Some(h) = record.entry(held.slot).filter(|h| h.token == held.token) else {
             return;
         };
-        let run = RunRecord {
+        let mut run = RunRecord {
             host: h.host.clone(),
             pid: h.pid,
             fencing_token: h.fencing,
@@ -171,12 +187,21 @@ impl FileBackend {
             ended_ms: now_ms(),
             exit_status: end.exit_status,
             ended_by: end.ended_by.as_str().to_owned(),
+            last_ok: None,
         };
         let Some(file_name) = name::record_file_name(&self.key_prefix, name) else {
             return;
         };
         if let Ok(Some(dir)) = self.dir(false) {
             if let Ok(Some(file)) = dir.open_run_record(&file_name, Open::Create) {
+                run.last_ok = match end.exit_status {
+                    0 => Some(LastOk {
+                        started_ms: run.started_ms,
+                        host: run.host.clone(),
+                    }),
+                    // A record that cannot be read has no success to keep.
+                    _ => read(&file).ok().flatten().and_then(|r| r.last_ok),
+                };
                 let _ = write(&file, &run);
             }
         }
@@ -230,6 +255,31 @@ mod tests {
             ended_ms: 1_714_557_605_000,
             exit_status: 124,
             ended_by: "max_runtime".into(),
+            last_ok: None,
+        }
+    }
+
+    #[test]
+    fn the_last_success_reads_back_when_there_is_one() {
+        let r = RunRecord {
+            last_ok: Some(LastOk {
+                started_ms: 1_714_550_400_000,
+                host: "web-2".into(),
+            }),
+            ..sample()
+        };
+        let text = to_text(&r);
+        assert!(
+            text.ends_with("ended_by max_runtime\nok_started_ms 1714550400000\nok_host web-2\n")
+        );
+        assert_eq!(parse(&to_bytes(&r, 0)), Ok(Some(r.clone())));
+        for bad in [
+            text.replace("ok_host web-2\n", ""),
+            text.replace("ok_host web-2", "ok_host web 2"),
+            text.replace("ok_started_ms 1714550400000", "ok_started_ms x"),
+            text.replace("ok_started_ms", "ok_start_ms"),
+        ] {
+            assert!(parse(bad.as_bytes()).is_err(), "{bad:?}");
         }
     }
 

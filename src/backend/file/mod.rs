@@ -398,6 +398,17 @@ impl Backend for FileBackend {
             .unwrap_or_default()
     }
 
+    async fn names(&self) -> Result<Vec<String>, BackendError> {
+        let Some(dir) = self.dir(false)? else {
+            return Ok(Vec::new());
+        };
+        let files = dir.entries()?;
+        Ok(files
+            .iter()
+            .filter_map(|f| name::name_of(&self.key_prefix, f))
+            .collect())
+    }
+
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
         self.break_every_slot(name).await
     }

@@ -43,6 +43,29 @@ pub fn record_file_name(prefix: &str, name: &str) -> Option<String> {
     file_name(prefix, name).map(|f| f.replacen('=', "@", 1))
 }
 
+/// The lock name whose lock file or record file under `prefix` is `file`, if it is
+/// one (the inverse of [`file_name`] and [`record_file_name`]).
+pub fn name_of(prefix: &str, file: &str) -> Option<String> {
+    let rest = file.strip_prefix(&encode(prefix, true))?;
+    let name = rest.strip_prefix('=').or_else(|| rest.strip_prefix('@'))?;
+    let mut bytes = Vec::with_capacity(name.len());
+    let mut it = name.bytes();
+    while let Some(b) = it.next() {
+        match b {
+            b'%' => {
+                let hex = [it.next()?, it.next()?];
+                bytes.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+            }
+            b'+' => bytes.push(b'/'),
+            b'=' | b'@' => return None,
+            b => bytes.push(b),
+        }
+    }
+    let name = String::from_utf8(bytes).ok()?;
+    // Only what `encode` writes reads back: no other spelling of the same name.
+    (file == file_name(prefix, &name)? || file == record_file_name(prefix, &name)?).then_some(name)
+}
+
 /// Checks that `prefix` leaves room for every lock name; the refusal says what to do.
 pub fn check_prefix(prefix: &str) -> Result<(), String> {
     let len = encode(prefix, true).len();
@@ -116,6 +139,21 @@ mod tests {
             all.extend(last.iter().cloned());
         }
         all
+    }
+
+    #[test]
+    fn the_name_reads_back_from_its_lock_and_record_files_only() {
+        for (prefix, name) in [("lockrun:", "a/b:c"), (".x", "report"), ("p=q", "j-1.2_3")] {
+            let lock = file_name(prefix, name).unwrap();
+            let record = record_file_name(prefix, name).unwrap();
+            assert_eq!(name_of(prefix, &lock).as_deref(), Some(name));
+            assert_eq!(name_of(prefix, &record).as_deref(), Some(name));
+            assert_eq!(name_of("other:", &lock), None);
+        }
+        // Another spelling of the same name is not lockrun's file.
+        assert_eq!(name_of("p:", "p:=a%2fb"), None);
+        assert_eq!(name_of("p:", "p:=a%2"), None);
+        assert_eq!(name_of("p:", ".p:=a.tmp"), None);
     }
 
     #[test]

@@ -20,6 +20,21 @@ pub(super) fn lock_key(prefix: &str, name: &str) -> String {
     format!("{prefix}{{{name}}}")
 }
 
+/// The lock name of row key `key` under `prefix`: one of [`lock_key`]'s, a slot's,
+/// the limit's, the queue's or the record's row; `None` for any other key.
+pub(super) fn name_of(prefix: &str, key: &str) -> Option<String> {
+    let rest = key.strip_prefix(prefix)?.strip_prefix('{')?;
+    let (name, suffix) = rest.rsplit_once('}')?;
+    let known = match suffix.strip_prefix('#') {
+        None => suffix.is_empty(),
+        Some(s) => {
+            matches!(s, "slots" | "queue" | "last")
+                || (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+        }
+    };
+    (known && !name.contains(['{', '}'])).then(|| name.to_owned())
+}
+
 /// The key lockrun gave lock `name` under `prefix` before this layout, `PREFIXNAME`:
 /// a plain acquisition treats a live row there as a holder, so a lock an older
 /// lockrun holds is busy for this one (an older lockrun does not see ours). It may be
@@ -46,6 +61,19 @@ mod tests {
             all.push((other, None));
         }
         all
+    }
+
+    #[test]
+    fn every_row_of_a_name_gives_the_name_back_and_other_keys_none() {
+        for (prefix, name) in [("lockrun:", "job"), ("a{b}#1", "x/y:z"), ("", "last")] {
+            for (key, _) in rows(prefix, name, 3) {
+                assert_eq!(name_of(prefix, &key).as_deref(), Some(name), "{key}");
+            }
+        }
+        assert_eq!(name_of("lockrun:", "lockrun:job"), None);
+        assert_eq!(name_of("lockrun:", "lockrun:{job}#x"), None);
+        assert_eq!(name_of("lockrun:", "lockrun:{job}#"), None);
+        assert_eq!(name_of("lockrun:", "other:{job}"), None);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
-use super::keys::legacy_key;
+use super::keys::{legacy_key, name_of};
 use super::records::{end_param, parse_row, record_key};
 use super::slots::{limit_key, name_lock_id, queue_key, slot_key, slot_keys, stored_token};
 use super::sql::{millis, OnToken};
@@ -371,6 +371,18 @@ impl Backend for PostgresBackend {
             .query(&self.sql.inspect, params, Missing::NoRows)
             .await?;
         rows.iter().map(|r| self.holder(r, 0)).collect()
+    }
+
+    async fn names(&self) -> Result<Vec<String>, BackendError> {
+        let under = format!("{}{{", self.key_prefix);
+        let params: &Params<'_> = &[(&under, Type::TEXT)];
+        let rows = self.query(&self.sql.names, params, Missing::NoRows).await?;
+        let prefix = &self.key_prefix;
+        Ok(rows
+            .iter()
+            .filter_map(|r| r.try_get::<_, String>(0).ok())
+            .filter_map(|key| name_of(prefix, &key))
+            .collect())
     }
 
     async fn last_run(&self, name: &str) -> Result<Option<RunRecord>, BackendError> {

@@ -93,6 +93,8 @@ pub(super) struct Sql {
     pub(super) leave: String,
     /// The last run's record: `$1` the record key (`records::last_run`).
     pub(super) last_run: String,
+    /// Every row key under a prefix: `$1` the prefix and `{` (`records::names`).
+    pub(super) names: String,
 }
 
 /// A statement on the row of a holder's token.
@@ -217,6 +219,7 @@ impl Sql {
             force: force(table),
             leave: leave(table),
             last_run: records::last_run(table),
+            names: records::names(table),
         }
     }
 }
