@@ -138,6 +138,25 @@ fn a_busy_run_pings_nothing() {
     assert_pinged(&server.requests(), "/b", 0);
 }
 
+/// A run skipped by `--once-per` (the last run within the period succeeded) pings
+/// nothing: the first run's two pings are all the server gets.
+#[test]
+fn a_run_skipped_by_once_per_pings_nothing() {
+    let f = FileService::start();
+    let server = PingServer::start(Answer::Ok);
+    let url = format!("http://127.0.0.1:{}/o", server.port());
+    run(pinging(&f, &url, &["--once-per", "1h"], &["true"])).assert_code(0);
+    let skipped = run(pinging(&f, &url, &["--once-per", "1h"], &["true"]));
+    skipped.assert_code(75);
+    // A third run, without --once-per, pings again: the skipped run's connection,
+    // had there been one, was accepted before its.
+    run(pinging(&f, &url, &[], &sh("exit 3"))).assert_code(3);
+    let reqs = server.requests();
+    assert_eq!(server.accepted(), 4, "{reqs:#?}");
+    assert_pinged(&reqs[..2], "/o", 0);
+    assert_pinged(&reqs[2..], "/o", 3);
+}
+
 /// Over TLS, with the test's CA in LOCKRUN_TLS_CA: both pings. Without it, the
 /// certificate is refused: one warning line per ping, exit status unchanged.
 #[test]
