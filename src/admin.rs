@@ -4,7 +4,11 @@
 //! does: a plain `release --force` must not break one slot of a semaphore believing
 //! it broke the whole lock.
 
+mod list;
+
 use std::time::Duration;
+
+pub use list::list;
 
 use crate::backend::{slots_conflict, Backend, Holder};
 use crate::holder::{status_json, status_text, Known};

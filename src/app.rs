@@ -57,6 +57,14 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             ));
             Ok(outcome.exit_code())
         }
+        Command::List(args) => {
+            install_logger(&args.log, "");
+            let cfg = BackendConfig::from_args(&args.backend, password)?;
+            let backend = AnyBackend::open(&cfg, false);
+            let pattern = args.pattern.as_deref();
+            let outcome = runtime()?.block_on(admin::list(&backend, pattern, args.json));
+            Ok(outcome.exit_code())
+        }
         Command::Release(args) => {
             install_logger(&args.log, &args.name);
             let backend = admin_backend(&args.backend, &args.name, password)?;
@@ -88,7 +96,11 @@ fn run_command(args: &RunArgs, password: Option<String>) -> u8 {
                 Ok(runtime) => {
                     log::start_writer();
                     let backend = AnyBackend::open(&cfg.backend, !cfg.wait.is_zero());
-                    runtime.block_on(run::run(&cfg, &backend, guard))
+                    let report = runtime.block_on(run::run(&cfg, &backend, guard));
+                    // A name lookup of a ping that gave up may still hang on a
+                    // blocking thread: not waited for.
+                    runtime.shutdown_background();
+                    report
                 }
                 Err(e) => not_started(format!("{e:#}")),
             },

@@ -44,11 +44,14 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run COMMAND while holding the lock NAME (the default subcommand).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show who holds the lock NAME and how its last run ended (exit 0 held, 1 free, 125 error).
     Status(StatusArgs),
     /// Break the lock NAME whoever holds it (operator override; needs --force).
     Release(ReleaseArgs),
+    /// List the locks under --key-prefix that are held or have a last run, one line
+    /// each: holders, TTL left, last run (exit 0, 125 on error).
+    List(ListArgs),
 }
 
 /// Where the lock lives. The `--url` help is built from the table of backends
@@ -178,6 +181,28 @@ pub struct RunArgs {
     #[arg(long, env = "LOCKRUN_WAIT", default_value = "0", value_parser = |s: &str| bounds::WAIT.parse(s), value_name = "DURATION")]
     pub wait: Duration,
 
+    /// Before the first attempt, pause a uniformly random time from 0 to this, holding
+    /// nothing, so that a fleet's hosts do not all try on the same tick (a signal ends
+    /// the pause and lockrun; the command is not started). --wait counts after it. At
+    /// most 24h.
+    #[arg(long, env = "LOCKRUN_SPLAY", default_value = "0", value_parser = |s: &str| bounds::SPLAY.parse(s), value_name = "DURATION")]
+    pub splay: Duration,
+
+    /// A dead man's switch in the healthchecks.io style: the run that holds the lock
+    /// requests URL/start?rid=RID as the command starts and URL/STATUS?rid=RID when it
+    /// ends (STATUS = lockrun's exit status). Busy and skipped runs ping nothing. A ping
+    /// never delays the command nor changes the exit status; it gives up after about
+    /// 10 s (https_proxy, http_proxy, no_proxy apply; LOCKRUN_TLS_CA adds a CA).
+    #[arg(long, env = "LOCKRUN_PING", value_name = "URL", hide_env_values = true)]
+    pub ping: Option<String>,
+
+    /// Run only if no run of NAME that started within this long (by the backend's
+    /// clock) succeeded, judged while holding the lock; else exit with the conflict
+    /// status, the command not started. A failed run does not count. At most 7d; not
+    /// on etcd or ZooKeeper yet.
+    #[arg(long, env = "LOCKRUN_ONCE_PER", value_parser = |s: &str| bounds::ONCE_PER.parse(s), value_name = "DURATION")]
+    pub once_per: Option<Duration>,
+
     /// Exit status when the lock was not acquired.
     #[arg(long, env = "LOCKRUN_CONFLICT_EXIT_CODE", default_value_t = crate::outcome::DEFAULT_CONFLICT_EXIT_CODE, value_name = "N")]
     pub conflict_exit_code: u8,
@@ -243,6 +268,26 @@ pub struct StatusArgs {
     pub name: String,
 }
 
+/// Arguments of `lockrun list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Backend options.
+    #[command(flatten)]
+    pub backend: BackendArgs,
+
+    /// Logging options.
+    #[command(flatten)]
+    pub log: LogArgs,
+
+    /// Print a JSON array of `status --json` objects instead of lines.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Only the names matching this shell glob (`*`, `?`, `[a-z]`); quote it.
+    #[arg(value_name = "PATTERN")]
+    pub pattern: Option<String>,
+}
+
 /// Arguments of `lockrun release`.
 #[derive(Debug, Args)]
 pub struct ReleaseArgs {
@@ -264,7 +309,7 @@ pub struct ReleaseArgs {
 }
 
 /// The subcommand names; anything else in first position means `run`.
-const SUBCOMMANDS: &[&str] = &["run", "status", "release", "help"];
+const SUBCOMMANDS: &[&str] = &["run", "status", "release", "list", "help"];
 
 /// Inserts the default subcommand `run` unless the first argument names a subcommand
 /// or asks for help or the version.
@@ -371,6 +416,9 @@ mod tests {
             ("--wait", "500000000000y", "0 to 365d"),
             ("--wait", "366d", "0 to 365d"),
             ("--hold-at-least", "25h", "0 to 24h"),
+            ("--splay", "24h 1ms", "0 to 24h"),
+            ("--once-per", "8d", "1ms to 7d"),
+            ("--once-per", "0", "1ms to 7d"),
             ("--kill-after", "2d", "0 to 24h"),
             ("--max-runtime", "500000000000y", "0 (no limit) to 365d"),
         ] {

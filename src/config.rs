@@ -12,9 +12,11 @@ use thiserror::Error;
 
 pub(crate) mod backend;
 pub mod bounds;
+pub mod ping;
 
 pub use crate::backend::url::BackendConfig;
 pub use crate::name::LockName;
+pub use ping::PingUrl;
 
 use crate::backend::url::UrlError;
 use crate::name::BadName;
@@ -51,6 +53,13 @@ pub enum ConfigError {
     /// A backend URL or option refused by the backend's parser.
     #[error(transparent)]
     Url(#[from] UrlError),
+    /// `--ping`'s URL is unusable (the words never quote it), or the CA file for it
+    /// cannot be read.
+    #[error("--ping: {0}")]
+    Ping(String),
+    /// `--once-per` on a backend that keeps no record of the last success.
+    #[error("--once-per is not supported on {0}:// yet: it needs run records (docs/backends.md)")]
+    OncePerUnsupported(String),
     /// The password file could not be read, or holds no usable password.
     #[error("cannot use the password file {path}: {reason}")]
     PasswordFile {
@@ -114,6 +123,10 @@ pub struct RunConfig {
     pub renew_every: Duration,
     /// How long to wait for a busy lock.
     pub wait: Duration,
+    /// The longest random pause before the first attempt.
+    pub splay: Duration,
+    /// Run only if no run succeeded within this long (`--once-per`).
+    pub once_per: Option<Duration>,
     /// Exit status when busy.
     pub conflict_exit_code: u8,
     /// Minimum time the lock stays taken after acquisition.
@@ -124,6 +137,8 @@ pub struct RunConfig {
     pub kill_after: Duration,
     /// Stop the command after this long.
     pub max_runtime: Option<Duration>,
+    /// The dead man's switch to ping at the command's start and end.
+    pub ping: Option<PingUrl>,
     /// The command and its arguments (never empty).
     pub command: Vec<OsString>,
 }

@@ -107,6 +107,9 @@ pub fn last_run_json(r: Option<&RunRecord>) -> Value {
         "started": rfc3339_ms(r.started_ms), "ended": rfc3339_ms(r.ended_ms),
         "started_ms": r.started_ms, "ended_ms": r.ended_ms,
         "exit_status": r.exit_status, "ended_by": r.ended_by,
+        "last_ok": r.last_ok.as_ref().map(|ok| json!({
+            "host": ok.host, "started": rfc3339_ms(ok.started_ms), "started_ms": ok.started_ms,
+        })),
     })
 }
 
@@ -118,6 +121,10 @@ pub fn status_text(name: &str, slots: u32, holders: &[Holder], last: Option<&Run
     let mut out = holders_text(name, slots, holders);
     if let Some(r) = last {
         out.push_str(&format!("\n  last run: {}", last_run_text(r)));
+        if let Some(ok) = &r.last_ok {
+            let (at, host) = (time_or_raw(ok.started_ms), printable(&ok.host));
+            out.push_str(&format!("\n  last success: started {at} on {host}"));
+        }
     }
     out
 }
@@ -294,6 +301,7 @@ mod tests {
             ended_ms: 1_714_557_605_000,
             exit_status: 3,
             ended_by: "exited".into(),
+            last_ok: None,
         };
         assert_eq!(
             status_text("job", 1, &[], Some(&last)),
@@ -319,6 +327,20 @@ mod tests {
         assert!(last_run_text(&far).contains(", slot 2, "));
         assert!(last_run_text(&far).contains("to an invalid time"));
         assert!(last_run_json(Some(&far))["ended"].is_null());
+        assert!(last_run_json(Some(&far))["last_ok"].is_null());
+        let ok = RunRecord {
+            last_ok: Some(crate::backend::LastOk {
+                started_ms: 1_714_550_400_000,
+                host: "web-1".into(),
+            }),
+            ..far
+        };
+        assert!(status_text("job", 1, &[], Some(&ok))
+            .ends_with("\n  last success: started 2024-05-01T08:00:00Z on web-1"));
+        let j = last_run_json(Some(&ok));
+        assert_eq!(j["last_ok"]["host"], "web-1");
+        assert_eq!(j["last_ok"]["started"], "2024-05-01T08:00:00Z");
+        assert_eq!(j["last_ok"]["started_ms"], 1_714_550_400_000u64);
     }
 
     #[test]

@@ -89,6 +89,10 @@ events! {
     Acquired => "acquired",
     /// The lock is held by someone else and `--wait` ran out.
     Busy => "busy",
+    /// The random pause before the first attempt (`--splay`).
+    Splay => "splay",
+    /// `--once-per`: a run of the name succeeded within the period; not run.
+    Skipped => "skipped",
     /// The lock is held by someone else: waiting for it (`--wait`), said once a run.
     Waiting => "waiting",
     /// A renewal failed for a reason that may pass; retried while the lease is valid.
@@ -117,6 +121,8 @@ events! {
     Finished => "finished",
     /// The release at the end failed; the lock expires within the TTL.
     ReleaseFailed => "release_failed",
+    /// A `--ping` request failed (the exit status is not changed).
+    PingFailed => "ping_failed",
     /// `release --force` broke a lock (or found none).
     ForceReleased => "force_released",
     /// lockrun failed (usage, configuration, backend, spawning the command).
@@ -433,6 +439,8 @@ mod tests {
             [
                 "acquired",
                 "busy",
+                "splay",
+                "skipped",
                 "waiting",
                 "renew_failed",
                 "lost",
@@ -447,6 +455,7 @@ mod tests {
                 "max_runtime",
                 "finished",
                 "release_failed",
+                "ping_failed",
                 "force_released",
                 "error",
                 "metrics_failed",

@@ -32,6 +32,8 @@ pub enum Outcome {
     Free,
     /// `lockrun release --force` broke the lock (or found it free).
     ForceReleased,
+    /// `lockrun list` listed the names it found (perhaps none).
+    Listed,
 }
 
 impl Outcome {
@@ -47,7 +49,7 @@ impl Outcome {
             Outcome::Failed => 125,
             Outcome::CannotExecute => 126,
             Outcome::NotFound => 127,
-            Outcome::Held | Outcome::ForceReleased => 0,
+            Outcome::Held | Outcome::ForceReleased | Outcome::Listed => 0,
             Outcome::Free => 1,
         }
     }
@@ -62,7 +64,8 @@ impl Outcome {
             | Outcome::Signaled(_)
             | Outcome::Held
             | Outcome::Free
-            | Outcome::ForceReleased => "ran",
+            | Outcome::ForceReleased
+            | Outcome::Listed => "ran",
             Outcome::Busy(_) => "busy",
             Outcome::LockLost => "lost",
             Outcome::MaxRuntime

@@ -7,6 +7,8 @@
 
 mod acquire;
 mod child_env;
+mod once_per;
+mod ping;
 mod policy;
 mod supervise;
 
@@ -23,8 +25,9 @@ use crate::metrics::RunReport;
 use crate::outcome::Outcome;
 use crate::supervisor::{Boundary, Guard, Job, Signals, SpawnError};
 use crate::units::ms;
-use acquire::{abandon, acquire};
-use policy::Taken;
+use acquire::{abandon, acquire, splay};
+use ping::Pinger;
+use policy::{Random, Taken};
 use supervise::supervise;
 
 /// The longest any single backend request may take, whatever the TTL.
@@ -57,26 +60,28 @@ enum LeaseAtEnd {
 /// [`crate::supervisor`]), and reports how it ended. Every outcome other than the
 /// command's own exit has been logged when this returns.
 pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunReport {
+    let mut signals = match prepare(cfg).await {
+        Ok(s) => s,
+        Err(outcome) => {
+            return RunReport {
+                outcome,
+                waited: Duration::ZERO,
+                held: Duration::ZERO,
+            }
+        }
+    };
+    // The time waited for the lock starts after `--splay`'s pause.
     let started = BootInstant::now();
     let report = |outcome: Outcome| RunReport {
         outcome,
         waited: BootInstant::now().saturating_since(started),
         held: Duration::ZERO,
     };
-    let mut signals = match prepare() {
-        Ok(s) => s,
-        Err(e) => return report(fail(&format!("cannot install signal handlers: {e}"))),
-    };
-    let taken = match acquire(cfg, backend, request(cfg), &mut signals).await {
+    let taken = match take(cfg, backend, &mut signals).await {
         Ok(t) => t,
         Err(outcome) => return report(outcome),
     };
-    log_acquired(cfg, &taken);
-    let env = child_env::changes(vec![
-        ("LOCKRUN_FENCING_TOKEN", taken.fencing_token.to_string()),
-        ("LOCKRUN_LOCK_NAME", cfg.name.as_str().to_owned()),
-        ("LOCKRUN_SLOT", taken.slot.to_string()),
-    ]);
+    let env = command_env(cfg, &taken);
     // The lease timer exists before the command does: without it the lease could
     // not be enforced, so a failure here means not starting at all.
     let timer = match Timer::new() {
@@ -87,27 +92,16 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
             return report(fail(&msg));
         }
     };
-    let hold = backend.lock_fds(cfg.name.as_str());
-    let alarm = first_deadline(cfg, &taken, &guard);
-    let ended = match Job::start(guard, &env, &hold, request_timeout(cfg.ttl)) {
-        Ok(mut job) => {
-            log_contained(&job);
-            let timers = (timer, alarm);
-            let ended = supervise(cfg, backend, &mut signals, &mut job, &taken, timers).await;
-            // The whole job is gone: the guard may let go of the lock's files.
-            job.done();
-            ended
-        }
-        Err(e) => spawn_failed(cfg, e),
-    };
+    let (ended, pinger) = job(cfg, backend, guard, &env, &mut signals, &taken, timer).await;
     let hold = BootInstant::now().saturating_since(taken.sent_at);
     if ended.lease == LeaseAtEnd::Ours {
         release(cfg, backend, &taken.token, hold, run_end(ended.outcome)).await;
     }
-    let code = ended.outcome.exit_code();
-    let fields = [("hold_ms", millis(hold)), ("exit_code", code.into())];
-    let msg = format!("finished with exit status {code}");
-    emit(Level::Info, Event::Finished, &msg, &fields);
+    // After the release: a slow ping server never holds the lock.
+    if let Some(pinger) = pinger {
+        pinger.end(ended.outcome.exit_code(), &mut signals).await;
+    }
+    log_finished(ended.outcome.exit_code(), hold);
     RunReport {
         outcome: ended.outcome,
         waited: taken.waited,
@@ -143,10 +137,72 @@ fn continue_alarm(first: Duration) -> Option<ContinueAt> {
     }
 }
 
+/// Starts the command (and `--ping`'s start ping) and supervises it until its whole
+/// group is gone.
+async fn job<B: Backend>(
+    cfg: &RunConfig,
+    backend: &B,
+    guard: Guard,
+    env: &[crate::supervisor::EnvChange],
+    signals: &mut Signals,
+    taken: &Taken,
+    timer: Timer,
+) -> (Ended, Option<Pinger>) {
+    let hold = backend.lock_fds(cfg.name.as_str());
+    let alarm = first_deadline(cfg, taken, &guard);
+    // The run's duration for `--ping`: from before the command's start.
+    let starting = tokio::time::Instant::now();
+    match Job::start(guard, env, &hold, request_timeout(cfg.ttl)) {
+        Ok(mut job) => {
+            log_contained(&job);
+            let pinger = Pinger::start(cfg, taken, starting);
+            let timers = (timer, alarm);
+            let ended = supervise(cfg, backend, signals, &mut job, taken, timers).await;
+            // The whole job is gone: the guard may let go of the lock's files.
+            job.done();
+            (ended, pinger)
+        }
+        Err(e) => (spawn_failed(cfg, e), None),
+    }
+}
+
+/// Takes the lock and, with `--once-per`, judges whether the command may start
+/// (`run/once_per.rs`); a run that may not gives the lock back, with no record.
+async fn take<B: Backend>(
+    cfg: &RunConfig,
+    backend: &B,
+    signals: &mut Signals,
+) -> Result<Taken, Outcome> {
+    let taken = acquire(cfg, backend, request(cfg), signals).await?;
+    log_acquired(cfg, &taken);
+    if let Err(outcome) = once_per::check(cfg, backend, &taken).await {
+        abandon(cfg, backend, &taken.token).await;
+        return Err(outcome);
+    }
+    Ok(taken)
+}
+
+/// What the command's environment gets on top of lockrun's, less the credentials.
+fn command_env(cfg: &RunConfig, taken: &Taken) -> Vec<crate::supervisor::EnvChange> {
+    child_env::changes(vec![
+        ("LOCKRUN_FENCING_TOKEN", taken.fencing_token.to_string()),
+        ("LOCKRUN_LOCK_NAME", cfg.name.as_str().to_owned()),
+        ("LOCKRUN_SLOT", taken.slot.to_string()),
+    ])
+}
+
+/// The run's last line: its exit status, and how long the lock was held.
+fn log_finished(code: u8, hold: Duration) {
+    let fields = [("hold_ms", millis(hold)), ("exit_code", code.into())];
+    let msg = format!("finished with exit status {code}");
+    emit(Level::Info, Event::Finished, &msg, &fields);
+}
+
 /// Installs lockrun's signal handlers (saying which signals stay ignored) and makes it
-/// a child subreaper, before anything is taken.
-fn prepare() -> std::io::Result<Signals> {
-    let signals = Signals::install()?;
+/// a child subreaper, before anything is taken; then pauses for `--splay`.
+async fn prepare(cfg: &RunConfig) -> Result<Signals, Outcome> {
+    let mut signals =
+        Signals::install().map_err(|e| fail(&format!("cannot install signal handlers: {e}")))?;
     for sig in signals.ignored() {
         let msg =
             format!("{sig} was ignored when lockrun started: it stays ignored, not forwarded");
@@ -158,6 +214,7 @@ fn prepare() -> std::io::Result<Signals> {
             format!("cannot become a child subreaper ({e}): orphans of the command may escape");
         emit(Level::Warn, Event::Subreaper, &msg, &[]);
     }
+    splay(cfg, &mut signals, Random::OS).await?;
     Ok(signals)
 }
 
@@ -282,7 +339,8 @@ fn run_end(outcome: Outcome) -> RunEnd {
         | Outcome::Busy(_)
         | Outcome::Held
         | Outcome::Free
-        | Outcome::ForceReleased => EndedBy::NotStarted,
+        | Outcome::ForceReleased
+        | Outcome::Listed => EndedBy::NotStarted,
     };
     RunEnd {
         exit_status: outcome.exit_code(),

@@ -19,6 +19,9 @@ _lockrun() {
             lockrun,help)
                 cmd="lockrun__subcmd__help"
                 ;;
+            lockrun,list)
+                cmd="lockrun__subcmd__list"
+                ;;
             lockrun,release)
                 cmd="lockrun__subcmd__release"
                 ;;
@@ -30,6 +33,9 @@ _lockrun() {
                 ;;
             lockrun__subcmd__help,help)
                 cmd="lockrun__subcmd__help__subcmd__help"
+                ;;
+            lockrun__subcmd__help,list)
+                cmd="lockrun__subcmd__help__subcmd__list"
                 ;;
             lockrun__subcmd__help,release)
                 cmd="lockrun__subcmd__help__subcmd__release"
@@ -47,7 +53,7 @@ _lockrun() {
 
     case "${cmd}" in
         lockrun)
-            opts="-h -V --help --version run status release help"
+            opts="-h -V --help --version run status release list help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -61,7 +67,7 @@ _lockrun() {
             return 0
             ;;
         lockrun__subcmd__help)
-            opts="run status release help"
+            opts="run status release list help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -75,6 +81,20 @@ _lockrun() {
             return 0
             ;;
         lockrun__subcmd__help__subcmd__help)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        lockrun__subcmd__help__subcmd__list)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -130,6 +150,44 @@ _lockrun() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        lockrun__subcmd__list)
+            opts="-q -v -h --url --password-file --key-prefix --slots --allow-eviction --pg-table --quiet --verbose --log-format --json --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --password-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --key-prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --slots)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --pg-table)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --log-format)
+                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         lockrun__subcmd__release)
             opts="-q -v -h --url --password-file --key-prefix --slots --allow-eviction --pg-table --quiet --verbose --log-format --force --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
@@ -169,7 +227,7 @@ _lockrun() {
             return 0
             ;;
         lockrun__subcmd__run)
-            opts="-q -v -h --url --password-file --key-prefix --slots --allow-eviction --pg-table --quiet --verbose --log-format --ttl --renew-every --wait --conflict-exit-code --hold-at-least --kill-signal --kill-after --max-runtime --metrics-file --help"
+            opts="-q -v -h --url --password-file --key-prefix --slots --allow-eviction --pg-table --quiet --verbose --log-format --ttl --renew-every --wait --splay --ping --once-per --conflict-exit-code --hold-at-least --kill-signal --kill-after --max-runtime --metrics-file --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -208,6 +266,18 @@ _lockrun() {
                     return 0
                     ;;
                 --wait)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --splay)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --ping)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --once-per)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-pub use record::{EndedBy, RunEnd, RunRecord};
+pub use record::{EndedBy, LastOk, RunEnd, RunRecord};
 
 /// The longest lease any backend takes: lockrun's largest `--ttl` and
 /// `--hold-at-least` ([`crate::config::bounds`]). Each backend refuses a longer one
@@ -246,10 +246,21 @@ pub trait Backend {
     /// Who holds `name` now: every live holder, by slot (empty when free).
     async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError>;
 
-    /// The record of `name`'s last run that ended, if the backend keeps one (Redis
-    /// does; the other backends keep none yet, and answer `None`).
+    /// The record of `name`'s last run that ended, if the backend keeps one (Redis,
+    /// PostgreSQL and `file://` do; the other backends keep none yet, and answer
+    /// `None`).
     async fn last_run(&self, _name: &str) -> Result<Option<RunRecord>, BackendError> {
         Ok(None)
+    }
+
+    /// Every lock name under the key prefix that may be held or have a record of its
+    /// last run (`lockrun list`), in any order; the caller asks each one for its
+    /// holders and record. A backend that cannot list names yet refuses.
+    async fn names(&self) -> Result<Vec<String>, BackendError> {
+        Err(BackendError::Refused(
+            "lockrun list cannot list the lock names of this backend yet: use lockrun status NAME"
+                .into(),
+        ))
     }
 
     /// Breaks the lock whoever holds it (every slot); returns the holders it removed.
@@ -307,6 +318,7 @@ trait DynBackend {
     ) -> Call<'a, ()>;
     fn inspect<'a>(&'a self, name: &'a str) -> Call<'a, Vec<Holder>>;
     fn last_run<'a>(&'a self, name: &'a str) -> Call<'a, Option<RunRecord>>;
+    fn names(&self) -> Call<'_, Vec<String>>;
     fn force_release<'a>(&'a self, name: &'a str) -> Call<'a, Vec<Holder>>;
     fn wait_for_release<'a>(
         &'a self,
@@ -339,6 +351,9 @@ impl<B: Backend> DynBackend for B {
     }
     fn last_run<'a>(&'a self, name: &'a str) -> Call<'a, Option<RunRecord>> {
         Box::pin(Backend::last_run(self, name))
+    }
+    fn names(&self) -> Call<'_, Vec<String>> {
+        Box::pin(Backend::names(self))
     }
     fn force_release<'a>(&'a self, name: &'a str) -> Call<'a, Vec<Holder>> {
         Box::pin(Backend::force_release(self, name))
@@ -384,6 +399,10 @@ impl Backend for AnyBackend {
 
     async fn last_run(&self, name: &str) -> Result<Option<RunRecord>, BackendError> {
         self.0.last_run(name).await
+    }
+
+    async fn names(&self) -> Result<Vec<String>, BackendError> {
+        self.0.names().await
     }
 
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {

@@ -1,10 +1,14 @@
 //! The record of a lock's last run: what a run tells the backend as it gives the lock
 //! back ([`RunEnd`]), and what the backend keeps of it under the lock's name for
 //! `status` and `list` ([`RunRecord`]). The backend writes the record in the same
-//! step as the release (the release script on Redis), so a run makes no more round
-//! trips than before; the times in it are the backend's own clock, like the holder's
-//! start time. A record expires with the fencing counter (property 8 of
-//! docs/guarantees.md). Part of the backend interface; depends on nothing else.
+//! step as the release (the release script on Redis, the release's statement on
+//! PostgreSQL, before the lock is let go of on `file://`), so a run makes no more
+//! round trips than before; the times in it are the backend's own clock, like the
+//! holder's start time. A record expires with the fencing counter, or 7 days after the
+//! run where the counter never expires (PostgreSQL's sequence), or stays bounded as
+//! the counter does (one file per name on `file://`: property 8 of
+//! docs/guarantees.md). The record also keeps the last run that succeeded
+//! ([`LastOk`]), which `--once-per` judges by. Part of the backend interface; depends on nothing else.
 
 /// Why a run that held the lock ended, as kept in its record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,4 +68,16 @@ pub struct RunRecord {
     pub exit_status: u8,
     /// Why it ended, as stored (see [`EndedBy::as_str`]).
     pub ended_by: String,
+    /// The last run that succeeded (exit status 0), this one or an earlier one: kept
+    /// by every release, replaced only by a run that exits 0 (`--once-per`).
+    pub last_ok: Option<LastOk>,
+}
+
+/// The last successful run of a lock, as its record keeps it beside the last run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LastOk {
+    /// When it took the lock, milliseconds since the Unix epoch (backend clock).
+    pub started_ms: u64,
+    /// Host name of its lockrun.
+    pub host: String,
 }

@@ -7,7 +7,9 @@
 use super::{BackendArgs, RunArgs};
 use crate::backend::url::BackendOptions;
 use crate::config::backend::check_backend;
-use crate::config::{bounds, parse_signal, BackendConfig, ConfigError, LockName, RunConfig};
+use crate::config::{
+    bounds, parse_signal, BackendConfig, ConfigError, LockName, PingUrl, RunConfig,
+};
 
 impl BackendArgs {
     /// The options every backend may read, as plain values.
@@ -58,20 +60,55 @@ impl RunConfig {
             Some(d) => Some(bounds::MAX_RUNTIME.check(d)?).filter(|d| !d.is_zero()),
             None => None,
         };
+        let backend = BackendConfig::from_args(&args.backend, env_password)?;
+        let once_per = match args.once_per {
+            Some(d) => Some(bounds::ONCE_PER.check(d)?),
+            None => None,
+        };
+        if once_per.is_some() && !backend.target.keeps_records() {
+            let url = args.backend.url.first().map(String::as_str).unwrap_or("");
+            let scheme = url.split_once("://").map_or("this backend", |(s, _)| s);
+            return Err(ConfigError::OncePerUnsupported(scheme.to_owned()));
+        }
         Ok(RunConfig {
             name,
-            backend: BackendConfig::from_args(&args.backend, env_password)?,
+            backend,
             ttl,
             renew_every,
             wait: bounds::WAIT.check(args.wait)?,
+            splay: bounds::SPLAY.check(args.splay)?,
+            once_per,
             conflict_exit_code: args.conflict_exit_code,
             hold_at_least: bounds::HOLD_AT_LEAST.check(args.hold_at_least)?,
             kill_signal: parse_signal(&args.kill_signal)?,
             kill_after: bounds::KILL_AFTER.check(args.kill_after)?,
             max_runtime,
+            ping: check_ping(args.ping.as_deref(), &|v| std::env::var(v).ok())?,
             command: args.command.clone(),
         })
     }
+}
+
+/// `--ping`'s URL, checked, with the CA of `LOCKRUN_TLS_CA` (`get` looks a variable up)
+/// for an `https://` one; an empty value is no ping.
+fn check_ping(
+    url: Option<&str>,
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<PingUrl>, ConfigError> {
+    let Some(url) = url.filter(|u| !u.is_empty()) else {
+        return Ok(None);
+    };
+    let mut ping = PingUrl::parse(url).map_err(ConfigError::Ping)?;
+    if let Some(path) = get("LOCKRUN_TLS_CA").filter(|p| ping.tls && !p.is_empty()) {
+        let pem = std::fs::read(&path).map_err(|e| {
+            ConfigError::Ping(format!(
+                "cannot read the CA file {path} (LOCKRUN_TLS_CA): {}",
+                e.kind()
+            ))
+        })?;
+        ping.ca = Some(pem);
+    }
+    Ok(Some(ping))
 }
 
 #[cfg(test)]
@@ -88,7 +125,7 @@ mod tests {
         let mut argv = vec!["lockrun", "run", "--url", "redis://127.0.0.1:6379"];
         argv.extend_from_slice(extra);
         match Cli::try_parse_from(argv).unwrap().command {
-            Command::Run(r) => r,
+            Command::Run(r) => *r,
             other => panic!("{other:?}"),
         }
     }
@@ -117,16 +154,18 @@ mod tests {
     fn durations_out_of_range_are_refused_even_when_clap_did_not_check_them() {
         const HUGE: Duration = Duration::from_secs(u64::MAX);
         type Spoil = fn(&mut RunArgs);
-        let cases: [(&str, Spoil); 7] = [
+        let cases: [(&str, Spoil); 9] = [
             ("--ttl", |a| a.ttl = Duration::ZERO),
             ("--ttl", |a| a.ttl = HUGE),
             ("--renew-every", |a| {
                 a.renew_every = Some(Duration::from_nanos(1))
             }),
             ("--wait", |a| a.wait = HUGE),
+            ("--splay", |a| a.splay = HUGE),
             ("--hold-at-least", |a| a.hold_at_least = HUGE),
             ("--kill-after", |a| a.kill_after = HUGE),
             ("--max-runtime", |a| a.max_runtime = Some(HUGE)),
+            ("--once-per", |a| a.once_per = Some(HUGE)),
         ];
         for (option, spoil) in cases {
             let mut args = run_args(&["job", "--", "true"]);
@@ -143,5 +182,45 @@ mod tests {
     fn max_runtime_zero_means_no_limit() {
         let args = run_args(&["--max-runtime", "0", "job", "--", "true"]);
         assert_eq!(RunConfig::from_args(&args, None).unwrap().max_runtime, None);
+    }
+
+    #[test]
+    fn once_per_is_refused_where_no_record_keeps_the_last_success() {
+        let args = |url: &str| {
+            let argv = [
+                "lockrun",
+                "run",
+                "--url",
+                url,
+                "--once-per",
+                "1h",
+                "job",
+                "--",
+                "true",
+            ];
+            match Cli::try_parse_from(argv).unwrap().command {
+                Command::Run(r) => r,
+                other => panic!("{other:?}"),
+            }
+        };
+        for (url, scheme) in [
+            ("etcd://127.0.0.1:2379", "etcd"),
+            ("zk://127.0.0.1:2181/", "zk"),
+            ("etcds://127.0.0.1:2379", "etcds"),
+        ] {
+            let e = RunConfig::from_args(&args(url), None).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("--once-per is not supported on {scheme}:// yet: it needs run records (docs/backends.md)")
+            );
+        }
+        for url in [
+            "redis://127.0.0.1:6379",
+            "postgres://u@127.0.0.1/db",
+            "file:///tmp",
+        ] {
+            let c = RunConfig::from_args(&args(url), None).unwrap();
+            assert_eq!(c.once_per, Some(Duration::from_secs(3600)), "{url}");
+        }
     }
 }

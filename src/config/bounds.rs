@@ -51,6 +51,25 @@ pub const RENEW_EVERY: Bounds = Bounds {
     range: "10ms to 24h, and shorter than --ttl",
 };
 
+/// `--splay`: up to a day. A pause to spread a fleet's cron tick; longer than a day
+/// would spread one day's runs into the next.
+pub const SPLAY: Bounds = Bounds {
+    option: "--splay",
+    min: Duration::ZERO,
+    max: DAY,
+    range: "0 to 24h",
+};
+
+/// `--once-per`: from 1 ms to 7 days, the time every backend keeps a run record at
+/// least (the fencing counter's on Redis, the record row's on PostgreSQL): a longer
+/// period could outlive the success it is judged by.
+pub const ONCE_PER: Bounds = Bounds {
+    option: "--once-per",
+    min: Duration::from_millis(1),
+    max: Duration::from_secs(7 * 24 * 60 * 60),
+    range: "1ms to 7d",
+};
+
 /// `--wait`: up to 365 days. Waiting is measured on the local clock only; a year is
 /// longer than any sensible wait and keeps the deadline well inside tokio's timer
 /// range (2^36 ms, about 2.2 years), so no waiting deadline can overflow.

@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use super::policy::{Next, Policy, Random, Reply, Taken, Terms, Warn};
+use super::policy::{splay_pause, Next, Policy, Random, Reply, Taken, Terms, Warn};
 use super::{fail, millis, request_timeout};
 use crate::backend::{Acquire, AcquireRequest, Backend, BackendError, Holder, Release};
 use crate::clock::BootInstant;
@@ -17,6 +17,42 @@ use crate::log::{emit, Event, Level};
 use crate::outcome::Outcome;
 use crate::supervisor::Signals;
 use crate::units::ms;
+
+/// `--splay`: pauses a random time up to the configured one before the first attempt,
+/// holding nothing (nothing is asked of the backend yet). A signal to forward ends the
+/// pause and the run: [`Outcome::Interrupted`], the command not started.
+pub(super) async fn splay(
+    cfg: &RunConfig,
+    signals: &mut Signals,
+    random: Random,
+) -> Result<(), Outcome> {
+    if cfg.splay.is_zero() {
+        return Ok(());
+    }
+    let pause = splay_pause(cfg.splay, (random.number)());
+    let msg = format!(
+        "pausing {} before the first attempt (--splay {})",
+        ms(pause),
+        humantime::format_duration(cfg.splay)
+    );
+    emit(
+        Level::Info,
+        Event::Splay,
+        &msg,
+        &[("splay_ms", millis(pause))],
+    );
+    tokio::select! {
+        () = tokio::time::sleep(pause) => Ok(()),
+        sig = signals.recv_forwardable() => {
+            let msg = format!(
+                "interrupted by {sig} while pausing before the first attempt (--splay); \
+                 the command was not started"
+            );
+            emit(Level::Error, Event::Interrupted, &msg, &[]);
+            Err(Outcome::Interrupted(sig as i32))
+        }
+    }
+}
 
 /// Tries to take the lock until it is ours, `--wait` runs out, or the backend fails
 /// for good. A signal meanwhile gives up (releasing whatever may have been taken).

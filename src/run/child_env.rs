@@ -1,7 +1,8 @@
 //! The command's environment: lockrun's own, plus the lock's variables, less the
 //! credentials. The job must not get the backend password: it could print it into CI
 //! logs or crash reports, and with it break any lock on the server. So
-//! `LOCKRUN_PASSWORD` and `LOCKRUN_SENTINEL_PASSWORD` are removed and `LOCKRUN_URL` is
+//! `LOCKRUN_PASSWORD` and `LOCKRUN_SENTINEL_PASSWORD` are removed (and `LOCKRUN_PING`,
+//! `--ping`'s URL) and `LOCKRUN_URL` is
 //! passed on with every URL of its comma-separated list stripped of its password (the
 //! user is kept). A URL that cannot be taken apart with certainty is left out entirely
 //! rather than passed on with a secret in it. A job that itself calls lockrun reads the
@@ -20,6 +21,9 @@ pub(super) fn changes(lock: Vec<(&'static str, String)>) -> Vec<EnvChange> {
         .collect();
     out.push(EnvChange::Remove("LOCKRUN_PASSWORD".into()));
     out.push(EnvChange::Remove("LOCKRUN_SENTINEL_PASSWORD".into()));
+    // --ping's URL is a secret of sorts (whoever has it can report the job's runs),
+    // and a lockrun inside the job must not ping the same check.
+    out.push(EnvChange::Remove("LOCKRUN_PING".into()));
     if let Some(url) = std::env::var_os("LOCKRUN_URL") {
         // Not UTF-8: nothing can be told about it, so it is not passed on.
         match url.to_str().and_then(url_list_without_passwords) {

@@ -71,6 +71,14 @@ impl Random {
     };
 }
 
+/// The pause before the first attempt for `--splay max`, from the random number `r`:
+/// uniform over [0, max] (`r`'s share of 2^64, to the nanosecond; no modulo bias).
+pub(crate) fn splay_pause(max: Duration, r: u64) -> Duration {
+    let nanos = max.as_nanos().min(u128::from(u64::MAX) - 1) + 1;
+    let pause = (nanos * u128::from(r)) >> 64;
+    Duration::from_nanos(u64::try_from(pause).unwrap_or(u64::MAX))
+}
+
 /// The fixed terms of one acquisition, from the configuration.
 #[derive(Clone, Debug)]
 pub(crate) struct Terms {

@@ -35,10 +35,7 @@ impl Cgroup {
     /// Makes `lockrun-ID` below this process's own cgroup, if that can be done and the
     /// kernel has `cgroup.kill`.
     pub fn create(id: u32) -> Option<Cgroup> {
-        let own = own_cgroup()?;
-        let (mount, root) = cgroup2_mount()?;
-        let rel = own.strip_prefix(root.trim_end_matches('/')).unwrap_or(&own);
-        let base = mount.join(rel.trim_start_matches('/'));
+        let (base, own) = base()?;
         sweep(&base);
         let mut name = format!("lockrun-{id}");
         let mut dir = base.join(&name);
@@ -64,6 +61,39 @@ impl Cgroup {
             return None;
         }
         Some(cg)
+    }
+
+    /// The cgroups a guard that died before it told lockrun where it started the
+    /// command made for the job: the `lockrun-*` cgroup below lockrun's own of each of
+    /// `pids` (lockrun's descendants, read before they are killed). A cgroup of that
+    /// name with none of them in it may be another lockrun's (one of the same pid in
+    /// another PID namespace): it is left alone, for the sweep.
+    pub fn of_job(pids: &[i32]) -> Vec<Cgroup> {
+        let Some((base, own)) = base() else {
+            return Vec::new();
+        };
+        let own = own.trim_end_matches('/');
+        let mut found: Vec<Cgroup> = Vec::new();
+        let mut add = |name: &str| {
+            let cg = Cgroup {
+                dir: base.join(name),
+                path: format!("{own}/{name}"),
+            };
+            if !found.contains(&cg) && cg.dir.is_dir() {
+                found.push(cg);
+            }
+        };
+        for &pid in pids {
+            let Ok(text) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+                continue;
+            };
+            let path = text.lines().find_map(|l| l.strip_prefix("0::"));
+            let name = path.and_then(|p| p.strip_prefix(own)?.strip_prefix('/'));
+            if let Some(name) = name.filter(|n| n.starts_with("lockrun-") && !n.contains('/')) {
+                add(name);
+            }
+        }
+        found
     }
 
     /// A cgroup known by its directory (what the guard tells lockrun).
@@ -145,6 +175,15 @@ fn sweep(base: &Path) {
             let _ = fs::remove_dir(e.path());
         }
     }
+}
+
+/// The directory of this process's own cgroup in the cgroup2 file system, and its
+/// path in the hierarchy.
+fn base() -> Option<(PathBuf, String)> {
+    let own = own_cgroup()?;
+    let (mount, root) = cgroup2_mount()?;
+    let rel = own.strip_prefix(root.trim_end_matches('/')).unwrap_or(&own);
+    Some((mount.join(rel.trim_start_matches('/')), own))
 }
 
 /// This process's cgroup v2 path (`0::/path` in `/proc/self/cgroup`).

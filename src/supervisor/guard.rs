@@ -167,7 +167,7 @@ impl Guard {
                 // command; nothing of it may run without the lock. lockrun is the
                 // subreaper of whatever the guard leaves.
                 let _ = kill(self.pid, Signal::SIGKILL);
-                let gone = kill_descendants(SETTLE);
+                let gone = kill_left_by_guard(self.pid);
                 let what = match other {
                     Err(_) | Ok(None) => "died or did not answer as it started the command",
                     Ok(Some(_)) => "answered out of turn as it started the command",
@@ -242,9 +242,28 @@ const LOOK_AGAIN: Duration = Duration::from_millis(50);
 /// leaves the lock to expire rather than release it).
 const SETTLE: Duration = Duration::from_secs(5);
 
-/// SIGKILLs every process below lockrun, again until none is alive or `limit` passed;
-/// true when none is left.
-fn kill_descendants(limit: Duration) -> bool {
-    let until = Instant::now() + limit;
-    tree::kill_all(getpid().as_raw(), Some(until), || {})
+/// SIGKILLs every process below lockrun (what a guard that died as it started the
+/// command may have left: lockrun is their subreaper), through the job's cgroup too,
+/// again until none is left or [`SETTLE`] passed; then removes that cgroup, which
+/// lockrun was not told of, reaping what was re-parented to it meanwhile. True when no
+/// process is left.
+fn kill_left_by_guard(guard: Pid) -> bool {
+    let until = Instant::now() + SETTLE;
+    let pids: Vec<i32> = tree::live_descendants(getpid().as_raw())
+        .iter()
+        .map(|p| p.pid)
+        .collect();
+    let cgroups = Cgroup::of_job(&pids);
+    let gone = tree::kill_all(getpid().as_raw(), Some(until), || {
+        cgroups.iter().for_each(|c| {
+            let _ = c.kill();
+        })
+    });
+    for c in &cgroups {
+        while !c.remove() && Instant::now() < until {
+            super::reap(guard, Pid::from_raw(0));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    gone
 }

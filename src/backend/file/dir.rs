@@ -64,6 +64,22 @@ impl LockDir {
         }))
     }
 
+    /// The names of the entries in the directory (read through its descriptor, not
+    /// its path), in no order.
+    pub fn entries(&self) -> Result<Vec<String>, BackendError> {
+        use std::os::fd::AsRawFd;
+        let at = format!("/proc/self/fd/{}", self.dir.as_raw_fd());
+        let list = std::fs::read_dir(at).map_err(|e| self.io(".", &e))?;
+        let mut out = Vec::new();
+        for entry in list {
+            let entry = entry.map_err(|e| self.io(".", &e))?;
+            if let Ok(name) = entry.file_name().into_string() {
+                out.push(name);
+            }
+        }
+        Ok(out)
+    }
+
     /// False if the directory's path now names another directory (or nothing): its
     /// lock files are then not the ones other lockruns lock.
     pub fn still_at_path(&self) -> Result<bool, BackendError> {
@@ -76,6 +92,23 @@ impl LockDir {
 
     /// Opens the lock file `name` (see [`Open`]) and checks it.
     pub fn open_lock(&self, name: &str, how: Open) -> Result<Option<LockFile>, BackendError> {
+        self.open_file(name, how, Role::Lock)
+    }
+
+    /// Opens the file `name` of a lock's last run (see [`Open`]; `super::last`) and
+    /// checks it as a lock file is checked: created 0600, no symlink followed, refused
+    /// unless a regular file of this user's that no one else may use.
+    pub fn open_run_record(&self, name: &str, how: Open) -> Result<Option<LockFile>, BackendError> {
+        self.open_file(name, how, Role::RunRecord)
+    }
+
+    /// Opens the file `name` of `role` (see [`Open`]) and checks it.
+    fn open_file(
+        &self,
+        name: &str,
+        how: Open,
+        role: Role,
+    ) -> Result<Option<LockFile>, BackendError> {
         let base = OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
         let base = base
             | match how {
@@ -92,19 +125,19 @@ impl LockDir {
                     match openat(&self.dir, name, excl, Mode::from_bits_truncate(0o600)) {
                         Ok(fd) => (fd, true),
                         Err(Errno::EEXIST) => continue,
-                        Err(e) => return Err(self.file_error(name, e)),
+                        Err(e) => return Err(self.file_error(name, e, role)),
                     }
                 }
                 Err(Errno::ENOENT) => return Ok(None),
-                Err(e) => return Err(self.file_error(name, e)),
+                Err(e) => return Err(self.file_error(name, e, role)),
             };
             let file = File::from(fd);
             let meta = file.metadata().map_err(|e| self.io(name, &e))?;
             if !meta.file_type().is_file() {
-                return Err(self.refused_foreign(name, "it is not a regular file"));
+                return Err(self.refused_foreign(name, "it is not a regular file", role));
             }
-            check_file_owner_and_mode(&meta, &self.show(name))
-                .map_err(|why| self.refused_file(name, &why))?;
+            check_file_owner_and_mode(&meta, &self.show(name), role)
+                .map_err(|why| self.refused_file(name, &why, role))?;
             let id = (meta.dev(), meta.ino());
             return Ok(Some(LockFile::new(file, id, created, self.show(name))));
         }
@@ -144,7 +177,7 @@ impl LockDir {
             flags,
             Mode::from_bits_truncate(0o600),
         )
-        .map_err(|e| self.file_error(&tmp, e))?;
+        .map_err(|e| self.file_error(&tmp, e, Role::Lock))?;
         let mut file = File::from(fd);
         let written = file
             .write_all(&record.to_bytes(0))
@@ -170,29 +203,35 @@ impl LockDir {
         BackendError::Unavailable(format!("cannot use the lock file {}: {e}", self.show(name)))
     }
 
-    /// A lock file lockrun will not use; `why` says what to do. The file holds the
-    /// lock's fencing counter: the advice never is to delete it.
-    fn refused_file(&self, name: &str, why: &str) -> BackendError {
-        BackendError::Refused(format!("refusing the lock file {}: {why}", self.show(name)))
+    /// A file of `role` lockrun will not use; `why` says what to do. A lock file holds
+    /// the lock's fencing counter: the advice never is to delete it.
+    fn refused_file(&self, name: &str, why: &str, role: Role) -> BackendError {
+        BackendError::Refused(format!(
+            "refusing the {} {}: {why}",
+            role.label(),
+            self.show(name)
+        ))
     }
 
-    /// A lock file that lockrun never makes (a symlink, a FIFO...), so it holds no
+    /// A file that lockrun never makes (a symlink, a FIFO...), so it holds no
     /// counter of lockrun's and may go.
-    fn refused_foreign(&self, name: &str, why: &str) -> BackendError {
+    fn refused_foreign(&self, name: &str, why: &str, role: Role) -> BackendError {
         self.refused_file(
             name,
             &format!(
                 "{why}, which lockrun never makes; remove it (it holds no fencing counter: \
                  lockrun creates its own) or use another directory"
             ),
+            role,
         )
     }
 
-    fn file_error(&self, name: &str, e: Errno) -> BackendError {
+    fn file_error(&self, name: &str, e: Errno, role: Role) -> BackendError {
         match e {
-            Errno::ELOOP => self.refused_foreign(name, "it is a symbolic link"),
+            Errno::ELOOP => self.refused_foreign(name, "it is a symbolic link", role),
             Errno::EACCES | Errno::EPERM | Errno::EROFS => BackendError::Refused(format!(
-                "cannot open the lock file {}: {}",
+                "cannot open the {} {}: {}",
+                role.label(),
                 self.show(name),
                 e.desc()
             )),
@@ -221,10 +260,41 @@ fn check_owner_and_mode(meta: &std::fs::Metadata, what: &str) -> Result<(), Stri
     Ok(())
 }
 
-/// Refuses a lock file (`shown`: its path) not owned by the effective user, or with
-/// any permission for group or others: one who may read it may also open it and hold
-/// a read lock on its bytes, which keeps every run of ours busy.
-fn check_file_owner_and_mode(meta: &std::fs::Metadata, shown: &str) -> Result<(), String> {
+/// What a file in the lock directory is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// A lock file: the lock, its fencing counter and its holders.
+    Lock,
+    /// The record of a lock's last run (`super::last`).
+    RunRecord,
+}
+
+impl Role {
+    /// How messages name such a file.
+    fn label(self) -> &'static str {
+        match self {
+            Role::Lock => "lock file",
+            Role::RunRecord => "run record file",
+        }
+    }
+
+    /// What another user could do with such a file of ours they may use.
+    fn harm(self) -> &'static str {
+        match self {
+            Role::Lock => "one who can open it can keep the lock busy",
+            Role::RunRecord => "one who can write it can make up the lock's last run",
+        }
+    }
+}
+
+/// Refuses a file of `role` (`shown`: its path) not owned by the effective user, or
+/// with any permission for group or others: one who may read a lock file may also
+/// open it and hold a read lock on its bytes, which keeps every run of ours busy.
+fn check_file_owner_and_mode(
+    meta: &std::fs::Metadata,
+    shown: &str,
+    role: Role,
+) -> Result<(), String> {
     let euid = geteuid().as_raw();
     if meta.uid() != euid {
         return Err(format!(
@@ -236,8 +306,8 @@ fn check_file_owner_and_mode(meta: &std::fs::Metadata, shown: &str) -> Result<()
     let mode = meta.mode() & 0o7777;
     if mode & 0o077 != 0 {
         return Err(format!(
-            "group or others may use it (mode {mode:04o}), and one who can open it can \
-             keep the lock busy: chmod 600 {shown}"
+            "group or others may use it (mode {mode:04o}), and {}: chmod 600 {shown}",
+            role.harm()
         ));
     }
     Ok(())

@@ -13,7 +13,9 @@
 //! TTL, `--hold-at-least` end, and for a semaphore slot and fencing token). DIR is
 //! created if missing (0700); DIR and the files in it are refused unless they are safe
 //! from other users (`dir.rs`). Each lock file stays once made: one small file per name
-//! ever used, semaphore or not.
+//! ever used, semaphore or not. Beside it, `DIR/ENC(P)@ENC(NAME)` keeps the record of
+//! the name's last run (`last.rs`), written by each release before it lets go of the
+//! lock, checked as a lock file is.
 //!
 //! **The lock** is an open-file-description lock on byte 0 of the file (`lock.rs`): the
 //! kernel frees it when the holder's lockrun closes the file or dies, even by SIGKILL
@@ -82,6 +84,7 @@ mod acquire;
 mod crashed;
 mod dir;
 mod hold;
+mod last;
 mod line;
 mod lock;
 mod lockfile;
@@ -99,7 +102,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::backend::url::BackendConfig;
 use crate::backend::{
-    wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release, RunEnd, MAX_LEASE,
+    wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release, RunEnd, RunRecord,
+    MAX_LEASE,
 };
 use acquire::{read_guarded, Attempt};
 use dir::{LockDir, Open};
@@ -331,7 +335,7 @@ impl Backend for FileBackend {
         name: &str,
         token: &str,
         how: Release,
-        _end: Option<RunEnd>,
+        end: Option<RunEnd>,
     ) -> Result<(), BackendError> {
         let file_name = self.file_name(name)?;
         // The token names the slot: a lockrun holds one slot of a name at most, and
@@ -349,6 +353,7 @@ impl Backend for FileBackend {
                 // and the next holder see a record without us.
                 if lock_record(held.lock.file(), Kind::Write).await.is_ok() {
                     if let Ok(mut free) = self.current_record(&held) {
+                        self.record_run(name, &held, &free, end);
                         free.holders.retain(|h| h.slot != held.slot);
                         let _ = held.lock.write(&free);
                     }
@@ -364,6 +369,7 @@ impl Backend for FileBackend {
                     .await
                     .map_err(|e| held.lock.io(&e.into()))?;
                 let mut kept = self.current_record(&held)?;
+                self.record_run(name, &held, &kept, end);
                 let (until, clock) = hold::Now::get().hold_end(keep);
                 for h in kept.holders.iter_mut().filter(|h| h.slot == held.slot) {
                     h.hold_until_ms = until;
@@ -379,6 +385,10 @@ impl Backend for FileBackend {
         self.holders_now(name).await
     }
 
+    async fn last_run(&self, name: &str) -> Result<Option<RunRecord>, BackendError> {
+        self.read_last_run(name).await
+    }
+
     fn lock_fds(&self, name: &str) -> Vec<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
         self.local()
@@ -386,6 +396,17 @@ impl Backend for FileBackend {
             .get(name)
             .map(|h| vec![h.lock.file().as_raw_fd()])
             .unwrap_or_default()
+    }
+
+    async fn names(&self) -> Result<Vec<String>, BackendError> {
+        let Some(dir) = self.dir(false)? else {
+            return Ok(Vec::new());
+        };
+        let files = dir.entries()?;
+        Ok(files
+            .iter()
+            .filter_map(|f| name::name_of(&self.key_prefix, f))
+            .collect())
     }
 
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {

@@ -14,6 +14,11 @@
 //! - a lock name (1 to 200 bytes of `A-Z a-z 0-9 . _ - : /`) keeps its length, so the
 //!   file name fits the 255 bytes of a Linux file name when the prefix takes at most
 //!   [`MAX_PREFIX`] bytes once written this way.
+//!
+//! The record of the lock's last run (`super::last`) is the file of the same name with
+//! `@` in place of `=` ([`record_file_name`]): of the same length, so it fits whenever
+//! the lock file does, never a lock file's name (which has an `=`, and no `@`: `ENC`
+//! writes `@` as `%40`), never another pair's record, and never hidden.
 
 /// The most bytes the written form of `--key-prefix` may take: 255 (the longest file
 /// name) − 1 (`=`) − 200 (the longest lock name).
@@ -29,6 +34,36 @@ pub fn file_name(prefix: &str, name: &str) -> Option<String> {
     out.push('=');
     out.push_str(&encode(name, false));
     (out.len() <= MAX_FILE_NAME).then_some(out)
+}
+
+/// The file name of the record of lock `name`'s last run under `prefix`: the lock
+/// file's name with `@` for its `=` (see the module documentation); `None` when the
+/// lock file's name would be too long.
+pub fn record_file_name(prefix: &str, name: &str) -> Option<String> {
+    file_name(prefix, name).map(|f| f.replacen('=', "@", 1))
+}
+
+/// The lock name whose lock file or record file under `prefix` is `file`, if it is
+/// one (the inverse of [`file_name`] and [`record_file_name`]).
+pub fn name_of(prefix: &str, file: &str) -> Option<String> {
+    let rest = file.strip_prefix(&encode(prefix, true))?;
+    let name = rest.strip_prefix('=').or_else(|| rest.strip_prefix('@'))?;
+    let mut bytes = Vec::with_capacity(name.len());
+    let mut it = name.bytes();
+    while let Some(b) = it.next() {
+        match b {
+            b'%' => {
+                let hex = [it.next()?, it.next()?];
+                bytes.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+            }
+            b'+' => bytes.push(b'/'),
+            b'=' | b'@' => return None,
+            b => bytes.push(b),
+        }
+    }
+    let name = String::from_utf8(bytes).ok()?;
+    // Only what `encode` writes reads back: no other spelling of the same name.
+    (file == file_name(prefix, &name)? || file == record_file_name(prefix, &name)?).then_some(name)
 }
 
 /// Checks that `prefix` leaves room for every lock name; the refusal says what to do.
@@ -67,10 +102,10 @@ mod tests {
 
     use super::*;
 
-    /// The pair a file name was made from: the inverse of [`file_name`], which proves
-    /// it injective.
-    fn decode(file: &str) -> Option<(String, String)> {
-        let (prefix, name) = file.split_once('=')?;
+    /// The pair a file name was made from: the inverse of [`file_name`] (and, with
+    /// `sep` `@`, of [`record_file_name`]), which proves it injective.
+    fn decode(file: &str, sep: char) -> Option<(String, String)> {
+        let (prefix, name) = file.split_once(sep)?;
         Some((decode_part(prefix)?, decode_part(name)?))
     }
 
@@ -85,7 +120,7 @@ mod tests {
                     bytes.push(u8::from_str_radix(hex, 16).ok()?);
                 }
                 b'+' => bytes.push(b'/'),
-                b'=' => return None,
+                b'=' | b'@' => return None,
                 b => bytes.push(b),
             }
         }
@@ -104,6 +139,21 @@ mod tests {
             all.extend(last.iter().cloned());
         }
         all
+    }
+
+    #[test]
+    fn the_name_reads_back_from_its_lock_and_record_files_only() {
+        for (prefix, name) in [("lockrun:", "a/b:c"), (".x", "report"), ("p=q", "j-1.2_3")] {
+            let lock = file_name(prefix, name).unwrap();
+            let record = record_file_name(prefix, name).unwrap();
+            assert_eq!(name_of(prefix, &lock).as_deref(), Some(name));
+            assert_eq!(name_of(prefix, &record).as_deref(), Some(name));
+            assert_eq!(name_of("other:", &lock), None);
+        }
+        // Another spelling of the same name is not lockrun's file.
+        assert_eq!(name_of("p:", "p:=a%2fb"), None);
+        assert_eq!(name_of("p:", "p:=a%2"), None);
+        assert_eq!(name_of("p:", ".p:=a.tmp"), None);
     }
 
     #[test]
@@ -133,6 +183,8 @@ mod tests {
             }
         }
         assert_eq!(file_name("", "a/b").unwrap(), "=a+b");
+        assert_eq!(record_file_name("", "a/b").unwrap(), "@a+b");
+        assert_eq!(record_file_name("a@", "b").unwrap(), "a%40@b");
         assert_eq!(
             file_name("lockrun:", "team/job").unwrap(),
             "lockrun:=team+job"
@@ -147,8 +199,15 @@ mod tests {
         for p in &prefixes {
             for n in names.iter().filter(|n| !n.is_empty()) {
                 let file = file_name(p, n).unwrap();
-                assert_eq!(decode(&file), Some((p.clone(), n.clone())), "{file}");
-                assert!(seen.insert(file));
+                assert_eq!(decode(&file, '='), Some((p.clone(), n.clone())), "{file}");
+                let record = record_file_name(p, n).unwrap();
+                assert_eq!(
+                    decode(&record, '@'),
+                    Some((p.clone(), n.clone())),
+                    "{record}"
+                );
+                assert!(!record.contains('=') && !file.contains('@'), "{record}");
+                assert!(seen.insert(file) && seen.insert(record));
             }
         }
     }
@@ -166,6 +225,8 @@ mod tests {
                 assert!(!file.starts_with('.'), "{file}");
                 assert!(!file.contains('/') && !file.contains('\0'), "{file}");
                 assert!(file.len() <= MAX_FILE_NAME, "{}", file.len());
+                let record = record_file_name(prefix, name).unwrap();
+                assert!(!record.starts_with('.') && record.len() == file.len());
             }
         }
     }
@@ -182,6 +243,10 @@ mod tests {
         assert!(check_prefix(&"/".repeat(MAX_PREFIX)).is_ok());
         assert_eq!(
             file_name(&"p".repeat(MAX_PREFIX + 1), &"a".repeat(200)),
+            None
+        );
+        assert_eq!(
+            record_file_name(&"p".repeat(MAX_PREFIX + 1), &"a".repeat(200)),
             None
         );
     }

@@ -41,7 +41,8 @@
 //!
 //! **Rows of unused names** are deleted once their lease ended more than a day ago
 //! (`sql::RETENTION`), a few at a time, by acquisitions that add a row (a name without
-//! one, a slot without one): the table holds about a day's worth of names. This
+//! one, a slot without one): the table holds about a day's worth of names (and a
+//! week's of run records, deleted the same way a day after they expire). This
 //! keeps the ordering: a held row is never deleted (its lease has not ended), and the
 //! only token of a plain lock not taken under a row lock, the INSERT's `nextval` for a
 //! name without a row, could come out below a token already handed out for that name
@@ -55,7 +56,8 @@
 //! **Every row expires**: `expires_at` is the statement's clock plus a lease of at most
 //! a day (`sql::MAX_LEASE`, lockrun's longest `--ttl`), checked before a statement is
 //! sent; a statement that fails (an interval out of range) writes nothing. The limit
-//! row's is one of its slots'.
+//! row's is one of its slots'. A run's record (`KEY#last`, `records.rs`), written by
+//! the statement of its release or hold, expires 7 days after the run's end.
 //!
 //! Every step is ONE statement (in its transaction), atomic on the server (see
 //! `sql.rs` and `slots.rs`):
@@ -112,6 +114,7 @@
 //!
 //! Files: `target.rs` (the URL and `--pg-table`), `sql.rs` (the statements),
 //! `slots.rs` (a semaphore's keys and statements, the name's lock, the queue's key),
+//! `records.rs` (the run record's row, its statement parts and its reading),
 //! `requests.rs` (the lock's requests and the reading of their answers), `errors.rs`
 //! (error lines), `tls.rs` (rustls for `sslmode`), `socket.rs` (the connect, over
 //! sockets with a byte budget per reply).
@@ -119,6 +122,7 @@
 mod cancel_key;
 mod errors;
 mod keys;
+mod records;
 mod requests;
 mod slots;
 mod socket;

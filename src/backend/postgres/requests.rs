@@ -11,14 +11,15 @@ use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
-use super::keys::legacy_key;
+use super::keys::{legacy_key, name_of};
+use super::records::{end_param, parse_row, record_key};
 use super::slots::{limit_key, name_lock_id, queue_key, slot_key, slot_keys, stored_token};
 use super::sql::{millis, OnToken};
 use super::{Missing, Params, PgConn, PostgresBackend, Wake, WAITER_ALIVE};
 use crate::backend::conn as slot;
 use crate::backend::{
     slots_conflict, wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release,
-    RunEnd, MAX_WAIT_SLICE,
+    RunEnd, RunRecord, MAX_WAIT_SLICE,
 };
 use crate::log::{emit, Event, Level};
 
@@ -56,38 +57,42 @@ impl PostgresBackend {
 
     /// Runs `what` on the row held with `token`: `$1` its key (a semaphore's: the keys
     /// of [`PostgresBackend::keys_of`]), `$2` the token as stored, `$3` `arg`; a
-    /// semaphore's also `$4` the limit key and `$5` every slot's key. Answers how many
-    /// rows it changed (0: not ours).
+    /// semaphore's also `$4` the limit key and `$5` every slot's key; then, for the end
+    /// of a run (a release, a hold), the record's key and `end` (`records::end_param`).
+    /// Answers how many rows it changed (0: not ours).
     async fn on_token(
         &self,
         name: &str,
         token: &str,
         what: OnToken,
         arg: (&(dyn ToSql + Sync), Type),
+        end: Option<RunEnd>,
     ) -> Result<usize, BackendError> {
         let (sql, locked) = self.sql.on_token(what, self.slots);
         let stored = stored_token(token, self.slots);
         let key = self.key(name);
-        let rows = match self.slots {
-            1 => {
-                let params: &Params<'_> = &[(&key, Type::TEXT), (&stored, Type::TEXT), arg];
-                self.query(sql, params, Missing::Create).await?
-            }
-            _ => {
-                let (keys, limit, all) =
-                    (self.keys_of(name, token), limit_key(&key), self.keys(name));
-                let params: &Params<'_> = &[
-                    (&keys, Type::TEXT_ARRAY),
-                    (&stored, Type::TEXT),
-                    arg,
-                    (&limit, Type::TEXT),
-                    (&all, Type::TEXT_ARRAY),
-                ];
-                let lock = locked.then(|| name_lock_id(&self.target.table, &key));
-                self.query_locked(lock, sql, params, Missing::Create)
-                    .await?
-            }
+        let (record, end) = (record_key(&key), end_param(end));
+        let (keys, limit, all) = (self.keys_of(name, token), limit_key(&key), self.keys(name));
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = match self.slots {
+            1 => vec![(&key, Type::TEXT), (&stored, Type::TEXT), arg],
+            _ => vec![
+                (&keys, Type::TEXT_ARRAY),
+                (&stored, Type::TEXT),
+                arg,
+                (&limit, Type::TEXT),
+                (&all, Type::TEXT_ARRAY),
+            ],
         };
+        if what != OnToken::Extend {
+            params.extend([
+                (&record as &(dyn ToSql + Sync), Type::TEXT),
+                (&end, Type::TEXT),
+            ]);
+        }
+        let lock = locked.then(|| name_lock_id(&self.target.table, &key));
+        let rows = self
+            .query_locked(lock, sql, &params, Missing::Create)
+            .await?;
         Ok(rows.len())
     }
 
@@ -314,7 +319,7 @@ impl Backend for PostgresBackend {
     async fn renew(&self, name: &str, token: &str, ttl: Duration) -> Result<(), BackendError> {
         let ttl = millis(ttl)?;
         match self
-            .on_token(name, token, OnToken::Extend, (&ttl, Type::INT8))
+            .on_token(name, token, OnToken::Extend, (&ttl, Type::INT8), None)
             .await?
         {
             0 => Err(BackendError::NotOwner),
@@ -327,17 +332,19 @@ impl Backend for PostgresBackend {
         name: &str,
         token: &str,
         how: Release,
-        _end: Option<RunEnd>,
+        end: Option<RunEnd>,
     ) -> Result<(), BackendError> {
+        // The run's record is left by the same statement.
         let released = match how {
             Release::Now => {
                 let channel = self.channel(name);
                 let arg = (&channel as &(dyn ToSql + Sync), Type::TEXT);
-                self.on_token(name, token, OnToken::Release, arg).await?
+                self.on_token(name, token, OnToken::Release, arg, end)
+                    .await?
             }
             Release::KeepFor(d) => {
                 let keep = millis(d)?;
-                self.on_token(name, token, OnToken::Keep, (&keep, Type::INT8))
+                self.on_token(name, token, OnToken::Keep, (&keep, Type::INT8), end)
                     .await?
             }
         };
@@ -364,6 +371,37 @@ impl Backend for PostgresBackend {
             .query(&self.sql.inspect, params, Missing::NoRows)
             .await?;
         rows.iter().map(|r| self.holder(r, 0)).collect()
+    }
+
+    async fn names(&self) -> Result<Vec<String>, BackendError> {
+        let under = format!("{}{{", self.key_prefix);
+        let params: &Params<'_> = &[(&under, Type::TEXT)];
+        let rows = self.query(&self.sql.names, params, Missing::NoRows).await?;
+        let prefix = &self.key_prefix;
+        Ok(rows
+            .iter()
+            .filter_map(|r| r.try_get::<_, String>(0).ok())
+            .filter_map(|key| name_of(prefix, &key))
+            .collect())
+    }
+
+    async fn last_run(&self, name: &str) -> Result<Option<RunRecord>, BackendError> {
+        let record = record_key(&self.key(name));
+        let params: &Params<'_> = &[(&record, Type::TEXT)];
+        let rows = self
+            .query(&self.sql.last_run, params, Missing::NoRows)
+            .await?;
+        match rows.first() {
+            None => Ok(None),
+            Some(row) => parse_row(row).map(Some).ok_or_else(|| {
+                BackendError::Refused(format!(
+                    "PostgreSQL at {} holds a record of lock {name:?}'s last run that \
+                     lockrun did not write (row {record:?} of {}): delete that row; the \
+                     next run writes it anew",
+                    self.display, self.target.table
+                ))
+            }),
+        }
     }
 
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {

@@ -11,11 +11,14 @@
 //!   its token (`/N`) and the latest of their expiries: what a plain lock, or a
 //!   semaphore with another N, looks at to see holders in slots it does not read;
 //! - `KEY#queue`: the queue of the name's waiters, plain lock or semaphore
-//!   (`sql::queue`), never a holder.
+//!   (`sql::queue`), never a holder;
+//! - `KEY#last`: the record of the name's last run that ended, plain lock or
+//!   semaphore (`records.rs`), never a holder.
 //!
 //! The suffixes follow the `}` that closes the name, so none of these is another
 //! (prefix, name) pair's key (`keys.rs`).
 
+use super::records::record_cte;
 use super::sql::{cleanup, fnv1a, holder, queue, requeue, take_expired, SLOTS_OF_TOKEN, UNKNOWN};
 
 /// The key of slot `slot` of the lock whose plain key is `key` (`PREFIX{NAME}`): slot 0
@@ -188,34 +191,56 @@ pub(super) fn extend(table: &str) -> String {
     )
 }
 
+/// What the statements that end a run return of our slot's row: what [`recover`] and
+/// the record ([`recorded`]) read.
+const ENDED: &str = "name, expires_at, fence, host, pid, since";
+
+/// The record of the run that held our slot (`kept`): the record row `$6`, its slot
+/// the index of the row's key among every slot's (`$5`), its end `$7`
+/// (`records::record_cte`).
+fn recorded(table: &str) -> String {
+    record_cte(
+        table,
+        "kept",
+        "$6",
+        "array_position($5::text[], f.name) - 1",
+        "$7",
+    )
+}
+
 /// A semaphore's `--hold-at-least`, after [`name_lock`]: a new expiry for our slot's
-/// row, maybe sooner than the last, and the limit row's expiry made the latest of the
-/// live slots' ([`recover`]).
+/// row, maybe sooner than the last, the limit row's expiry made the latest of the
+/// live slots' ([`recover`]), and the run's record ([`recorded`]).
 pub(super) fn keep(table: &str) -> String {
     format!(
         "WITH kept AS ( \
            UPDATE {table} SET expires_at = now() + $3 * interval '1 millisecond' \
            WHERE name = ANY($1) AND token = $2 AND expires_at > now() \
-           RETURNING name, expires_at), \
-         {RECOVER} \
+           RETURNING {ENDED}), \
+         {RECOVER}, \
+         {RECORDED} \
          SELECT 1 FROM kept",
         RECOVER = recover(table),
+        RECORDED = recorded(table),
     )
     .replace("now()", "statement_timestamp()")
 }
 
 /// A semaphore's release, after [`name_lock`]: frees our slot's row and wakes the
 /// waiters; the limit row's expiry becomes the latest of the other live slots', and
-/// the limit row goes with the last holder ([`recover`]).
+/// the limit row goes with the last holder ([`recover`]); the run's record
+/// ([`recorded`]).
 pub(super) fn release(table: &str) -> String {
     format!(
         "WITH kept AS ( \
            UPDATE {table} SET token = '', expires_at = now() \
            WHERE name = ANY($1) AND token = $2 AND expires_at > now() \
-           RETURNING name, expires_at), \
-         {RECOVER} \
+           RETURNING {ENDED}), \
+         {RECOVER}, \
+         {RECORDED} \
          SELECT pg_notify($3, '')::text FROM kept",
         RECOVER = recover(table),
+        RECORDED = recorded(table),
     )
     .replace("now()", "statement_timestamp()")
 }

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use super::slots;
+use super::{records, slots};
 use crate::backend::BackendError;
 
 /// The settings of every transaction, made at its start with `SET LOCAL` (never for
@@ -60,9 +60,14 @@ pub(super) struct Sql {
     /// `$8` the waiter's id (empty: not waiting), `$9` how long its place lasts (ms),
     /// `$10` the name's key in the layout before braces (`keys::legacy_key`).
     pub(super) acquire: String,
-    /// A plain lock's: `$1` key, `$2` token, `$3` lease.
+    /// A plain lock's renewal: `$1` key, `$2` token, `$3` lease.
     pub(super) extend: String,
-    /// A plain lock's: `$1` key, `$2` token, `$3` channel.
+    /// A plain lock's `--hold-at-least`, leaving the run's record: as
+    /// [`Sql::extend`], `$4` the record key (`records::record_key`), `$5` the run's
+    /// end (`records::end_param`).
+    pub(super) keep: String,
+    /// A plain lock's release, leaving the run's record: `$1` key, `$2` token, `$3`
+    /// channel, `$4` and `$5` as [`Sql::keep`]'s.
     pub(super) release: String,
     /// A semaphore's (`slots::acquire`), in the transaction of `slots::name_lock`:
     /// `$1` keys, `$2` stored token (`slots::stored_token`), `$3` host, `$4` pid,
@@ -73,9 +78,9 @@ pub(super) struct Sql {
     /// `$3` lease, `$4` limit key, `$5` every slot's key.
     pub(super) extend_slot: String,
     /// A semaphore's `--hold-at-least`, in the name lock's transaction: as
-    /// [`Sql::extend_slot`].
+    /// [`Sql::extend_slot`], with `$6` the record key and `$7` the run's end.
     pub(super) keep_slot: String,
-    /// A semaphore's release, in the name lock's transaction: as [`Sql::extend_slot`]
+    /// A semaphore's release, in the name lock's transaction: as [`Sql::keep_slot`]
     /// with `$3` the channel.
     pub(super) release_slot: String,
     /// Every live holder: `$1` keys, `$2` limit key, `$3` N (the limit row is a holder
@@ -86,6 +91,10 @@ pub(super) struct Sql {
     pub(super) force: String,
     /// A waiter leaves the queue: `$1` queue key, `$2` waiter id ([`leave`]).
     pub(super) leave: String,
+    /// The last run's record: `$1` the record key (`records::last_run`).
+    pub(super) last_run: String,
+    /// Every row key under a prefix: `$1` the prefix and `{` (`records::names`).
+    pub(super) names: String,
 }
 
 /// A statement on the row of a holder's token.
@@ -93,9 +102,10 @@ pub(super) struct Sql {
 pub(super) enum OnToken {
     /// A renewal: a new expiry.
     Extend,
-    /// `--hold-at-least` at release: a new expiry, maybe sooner than the last.
+    /// `--hold-at-least` at release: a new expiry, maybe sooner than the last, and
+    /// the run's record.
     Keep,
-    /// Frees the row and wakes the waiters.
+    /// Frees the row, wakes the waiters and leaves the run's record.
     Release,
 }
 
@@ -104,7 +114,8 @@ impl Sql {
     /// whether it runs in the transaction of the name's lock.
     pub(super) fn on_token(&self, what: OnToken, slots: u32) -> (&str, bool) {
         match (what, slots) {
-            (OnToken::Extend | OnToken::Keep, 1) => (&self.extend, false),
+            (OnToken::Extend, 1) => (&self.extend, false),
+            (OnToken::Keep, 1) => (&self.keep, false),
             (OnToken::Release, 1) => (&self.release, false),
             (OnToken::Extend, _) => (&self.extend_slot, false),
             (OnToken::Keep, _) => (&self.keep_slot, true),
@@ -178,15 +189,20 @@ impl Sql {
             setup: setup(table, &seq),
             acquire: acquire(table, &seq),
             acquire_slot: slots::acquire(table, &seq),
-            // Renewal, and `--hold-at-least` at release: a new expiry for our lease.
+            // Renewal: a new expiry for our lease.
             extend: format!(
                 "UPDATE {table} SET expires_at = now() + $3 * interval '1 millisecond' \
                  WHERE name = $1 AND token = $2 AND expires_at > now() RETURNING 1"
             ),
-            release: format!(
-                "UPDATE {table} SET token = '', expires_at = now() \
-                 WHERE name = $1 AND token = $2 AND expires_at > now() \
-                 RETURNING pg_notify($3, '')::text"
+            keep: on_plain_end(
+                table,
+                "expires_at = now() + $3 * interval '1 millisecond'",
+                "1",
+            ),
+            release: on_plain_end(
+                table,
+                "token = '', expires_at = now()",
+                "pg_notify($3, '')::text",
             ),
             extend_slot: slots::extend(table),
             keep_slot: slots::keep(table),
@@ -202,8 +218,25 @@ impl Sql {
             ),
             force: force(table),
             leave: leave(table),
+            last_run: records::last_run(table),
+            names: records::names(table),
         }
     }
+}
+
+/// The statement that ends a plain lock's run: sets `set` on our row (as
+/// [`Sql::extend`] finds it), leaves the run's record from it
+/// ([`records::record_cte`]: slot 0) and answers `answer` if it was ours.
+fn on_plain_end(table: &str, set: &str, answer: &str) -> String {
+    format!(
+        "WITH ended AS ( \
+           UPDATE {table} SET {set} \
+           WHERE name = $1 AND token = $2 AND expires_at > now() \
+           RETURNING name, fence, host, pid, since), \
+         {RECORDED} \
+         SELECT {answer} FROM ended",
+        RECORDED = records::record_cte(table, "ended", "$4", "0", "$5"),
+    )
 }
 
 /// Creates the table and its sequence when missing. One simple query, so one implicit

@@ -155,7 +155,7 @@ impl Router {
 }
 
 /// `host:port`
-fn show((host, port): &Node) -> String {
+pub(super) fn show((host, port): &Node) -> String {
     format!("{host}:{port}")
 }
 
@@ -173,15 +173,15 @@ fn redirected(addr: &str, from: Option<&Node>) -> Option<Node> {
 
 /// One range of a `CLUSTER SLOTS` answer: first and last slot, the master, every node.
 #[derive(Debug, PartialEq, Eq)]
-struct Range {
+pub(super) struct Range {
     first: u16,
     last: u16,
-    master: Node,
+    pub(super) master: Node,
     nodes: Vec<Node>,
 }
 
 /// Parses `CLUSTER SLOTS` as asked of `from`; ranges that do not parse are skipped.
-fn slot_ranges(reply: &Value, from: &Node) -> Vec<Range> {
+pub(super) fn slot_ranges(reply: &Value, from: &Node) -> Vec<Range> {
     let int = |v: &Value| match v {
         Value::Int(i) => u16::try_from(*i).ok(),
         _ => None,

@@ -73,6 +73,16 @@ impl RedisConn {
         describe_in(e, ctx, script)
     }
 
+    /// Where it is connected, as a Cluster node (`None` for a Unix socket).
+    pub fn node(&self) -> Option<(String, u16)> {
+        match &self.addr {
+            ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+                Some((host.clone(), *port))
+            }
+            _ => None,
+        }
+    }
+
     /// Notes that the server answered on this connection.
     pub fn answered(&self) {
         self.answered.store(true, Ordering::Relaxed);

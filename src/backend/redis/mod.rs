@@ -77,6 +77,7 @@ pub mod acl;
 mod cluster;
 mod conn;
 mod errors;
+mod names;
 mod probe;
 pub(crate) mod redlock;
 mod replies;

@@ -281,31 +281,6 @@ impl RedlockBackend {
             });
         evicting.or_else(|| conflict_in(answers).map(|theirs| self.nodes[0].conflict(theirs)))
     }
-
-    /// Explains a missing quorum from the answers' errors.
-    fn no_quorum<T>(
-        &self,
-        what: &str,
-        ok: usize,
-        answers: &[Result<T, BackendError>],
-    ) -> BackendError {
-        let first_error = answers.iter().find_map(|a| a.as_ref().err());
-        let refused = answers
-            .iter()
-            .filter(|a| matches!(a, Err(BackendError::Refused(_))))
-            .count();
-        let detail = first_error.map(|e| format!(" ({e})")).unwrap_or_default();
-        let msg = format!(
-            "only {ok} of {} Redis servers {what}; a majority of {} is needed{detail}",
-            self.nodes.len(),
-            self.quorum()
-        );
-        if refused > self.nodes.len() - self.quorum() {
-            BackendError::Refused(msg)
-        } else {
-            BackendError::Unavailable(msg)
-        }
-    }
 }
 
 /// The per-server timeout: a tenth of the TTL, between 50 ms and 1 s.
@@ -426,6 +401,10 @@ impl Backend for RedlockBackend {
             }
         }
         Ok(held)
+    }
+
+    async fn names(&self) -> Result<Vec<String>, BackendError> {
+        self.quorum_names().await
     }
 
     async fn last_run(&self, name: &str) -> Result<Option<RunRecord>, BackendError> {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::{FromRedisValue, ParsingError, Value};
 
 use super::scripts::Script;
-use crate::backend::{Holder, RunRecord, MAX_LEASE, MAX_SLOTS};
+use crate::backend::{Holder, LastOk, RunRecord, MAX_LEASE, MAX_SLOTS};
 
 /// A reply that is not what the script returns: an old or foreign script, a proxy that
 /// mangles replies, a key that is not lockrun's.
@@ -275,7 +275,8 @@ fn holder(fields: &[Value]) -> Result<Holder, ParsingError> {
     })
 }
 
-/// The last-run script's answer: the record's eight fields, all nil when there is none.
+/// The last-run script's answer: the record's eight fields, all nil when there is none,
+/// and the last success's two (nil when none).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LastRunReply(pub Option<RunRecord>);
 
@@ -284,12 +285,21 @@ impl FromRedisValue for LastRunReply {
         let Value::Array(items) = &v else {
             return Err(bad("not an array", &v));
         };
-        let [host, pid, fence, slot, started, ended, exit, ended_by] = items.as_slice() else {
+        let [host, pid, fence, slot, started, ended, exit, ended_by, ok_started, ok_host] =
+            items.as_slice()
+        else {
             return Err(bad("a run record of the wrong length", &v));
         };
-        if items.iter().all(|f| *f == Value::Nil) {
+        if items[..8].iter().all(|f| *f == Value::Nil) {
             return Ok(LastRunReply(None));
         }
+        let last_ok = match (ok_started, ok_host) {
+            (Value::Nil, _) | (_, Value::Nil) => None,
+            _ => Some(LastOk {
+                started_ms: number(ok_started)?,
+                host: text(ok_host)?,
+            }),
+        };
         Ok(LastRunReply(Some(RunRecord {
             host: text(host)?,
             pid: u32::try_from(number(pid)?).map_err(|_| bad("a pid out of range", pid))?,
@@ -300,6 +310,7 @@ impl FromRedisValue for LastRunReply {
             exit_status: u8::try_from(number(exit)?)
                 .map_err(|_| bad("an exit status out of range", exit))?,
             ended_by: text(ended_by)?,
+            last_ok,
         })))
     }
 }

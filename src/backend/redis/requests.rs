@@ -84,6 +84,10 @@ impl Backend for RedisBackend {
         shown(self.holders(name).await?, self.slots)
     }
 
+    async fn names(&self) -> Result<Vec<String>, BackendError> {
+        self.scan_names().await
+    }
+
     async fn last_run(&self, name: &str) -> Result<Option<RunRecord>, BackendError> {
         let reply: LastRunReply = self.eval(Script::LastRun, name, None, &[]).await?;
         Ok(reply.0)

@@ -311,3 +311,18 @@ fn without_wait_busy_gives_up_at_once() {
         Next::GiveUpBusy { .. }
     ));
 }
+
+#[test]
+fn the_splay_pause_covers_zero_to_the_splay_uniformly_and_never_more() {
+    let max = Duration::from_secs(2);
+    assert_eq!(splay_pause(max, 0), Duration::ZERO);
+    assert!(splay_pause(max, u64::MAX) <= max);
+    assert!(splay_pause(max, u64::MAX) > max - MS);
+    assert_eq!(splay_pause(max, 1 << 63), Duration::from_secs(1));
+    assert_eq!(
+        splay_pause(Duration::from_secs(4), 1 << 62),
+        Duration::from_secs(1)
+    );
+    // The longest splay does not overflow.
+    assert!(splay_pause(Duration::from_secs(86_400), u64::MAX) <= Duration::from_secs(86_400));
+}

@@ -180,6 +180,7 @@ fn check_invocation(source: &str, args: &[String]) -> Result<(), String> {
         cli::Command::Run(run) => &run.name,
         cli::Command::Status(status) => &status.name,
         cli::Command::Release(release) => &release.name,
+        cli::Command::List(_) => "any",
     };
     LockName::parse(name).map_err(|e| format!("{shown}: {e}"))?;
     if let cli::Command::Run(run) = &parsed.command {

@@ -5,10 +5,11 @@
 //! with a waiter; `status` never in the way of a run; no descriptor for the command.
 //! The refusals of unsafe directories and files are in `refusals`; semaphores
 //! (`--slots N`: slots in one file, holders of another N refused, a crashed holder's
-//! slot free at once, waiters in order) in `slots`. The contract every backend keeps
-//! is tested in the conformance suite.
+//! slot free at once, waiters in order) in `slots`; the record of each name's last run
+//! in `records`. The contract every backend keeps is tested in the conformance suite.
 
 mod hold;
+mod records;
 mod refusals;
 mod slots;
 

@@ -358,13 +358,15 @@ fn the_record_stays_private_and_the_command_inherits_no_descriptor() {
     let mode = |p: &std::path::Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
     assert_eq!(mode(&f.dir()), 0o700);
     assert_eq!(mode(&f.lock_file("job")), 0o600);
-    let names: Vec<String> = fs::read_dir(f.dir())
+    let mut names: Vec<String> = fs::read_dir(f.dir())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
+    names.sort();
     assert_eq!(
         names,
-        ["lockrun:=job"],
-        "a semaphore keeps one file per name"
+        ["lockrun:=job", "lockrun:@job"],
+        "a semaphore keeps one lock file per name, and its last run's record beside it"
     );
+    assert_eq!(mode(&f.dir().join("lockrun:@job")), 0o600);
 }

@@ -109,6 +109,7 @@ fn verdict(argv: &[OsString]) -> Verdict {
         }
         Command::Status(a) => admin(&a.backend, &a.name),
         Command::Release(a) => admin(&a.backend, &a.name),
+        Command::List(a) => admin(&a.backend, "any"),
     }
 }
 

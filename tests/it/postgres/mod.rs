@@ -7,11 +7,13 @@
 //! Beside it: `grants` (least-privilege roles, and the line of each missing
 //! permission), `tls` (verified TLS, client certificates, and the line of each refused
 //! set-up), `pgbouncer` (PostgreSQL through PgBouncer, in each pool mode), `hostile` (a server
-//! that sends without end, or never answers).
+//! that sends without end, or never answers), `records` (the record of each name's
+//! last run).
 
 mod grants;
 mod hostile;
 mod pgbouncer;
+mod records;
 mod tls;
 
 use std::thread;
@@ -310,8 +312,12 @@ fn rows_of_names_unused_for_a_day_go_and_tokens_keep_increasing() {
         "recent",
         "UPDATE $T SET expires_at = now() - interval '23 hours' WHERE name = $K RETURNING 1",
     );
+    // The rows of locks (not the run records, which last a week: `records`).
     let rows = |t: &Table| {
-        t.db.column(&format!("SELECT name FROM {} ORDER BY name", t.name))
+        t.db.column(&format!(
+            "SELECT name FROM {} WHERE name NOT LIKE '%#last' ORDER BY name",
+            t.name
+        ))
     };
     // A name that has a row deletes nothing (that statement scans no other row).
     seen.push(token_on(&t, "other"));
@@ -436,10 +442,16 @@ fn a_semaphores_slots_are_rows_of_their_own() {
         let f = r.wait();
         assert!(f.code == Some(0), "{:?}", f.stderr);
     }
-    // Released rows stay, free (empty token, expired).
-    assert!(rows(&t)
+    // Released rows stay, free (empty token, expired); the last run's record beside
+    // them is no holder's.
+    let (records, locks): (Vec<_>, Vec<_>) = rows(&t)
+        .into_iter()
+        .partition(|(name, _, _)| name.ends_with("#last"));
+    assert!(locks
         .iter()
         .all(|(_, token, live)| token.is_empty() && !live));
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert!(records[0].1.starts_with("run:") && records[0].2);
 }
 
 /// Two N for one name are refused (125) in both directions, before any command runs:

@@ -14,6 +14,7 @@
 //! - `backends`: every backend behind one interface, for the conformance suite (the
 //!   file backend too, with no server: a temporary directory);
 //! - `history`: the one mutual-exclusion and fencing checker;
+//! - `ping`: a recording HTTP(S) server and a CONNECT proxy for `--ping`;
 //! - `serial`: which tests may run side by side; `freezer`: a process frozen as a paused
 //!   virtual machine leaves it (SIGSTOP no longer does: lockrun is continued at its
 //!   lease deadline).
@@ -35,6 +36,7 @@ mod job;
 mod nutcracker;
 mod pg;
 mod pgbouncer;
+mod ping;
 mod process;
 mod proxy;
 mod redis;
@@ -66,6 +68,7 @@ pub use job::*;
 pub use nutcracker::Nutcracker;
 pub use pg::{Db, PrivatePg, Table};
 pub use pgbouncer::{PgBouncer, Pool};
+pub use ping::{Answer, ConnectProxy, PingRequest, PingServer};
 pub use process::*;
 pub use proxy::{Mode, Proxy, Watch, Watcher};
 pub use redis::{fence_key, limit_key, lock_key, slot_key, waiter_key, RedisServer};

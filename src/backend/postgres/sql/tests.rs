@@ -46,7 +46,7 @@ fn statements_name_the_table_and_its_sequence() {
         assert!(s.contains("nextval('locks.leases_fence')"), "{s}");
         assert!(s.contains("INSERT INTO locks.leases AS r"), "{s}");
     }
-    for s in [&sql.extend, &sql.release] {
+    for s in [&sql.extend, &sql.keep, &sql.release] {
         assert!(
             s.contains("name = $1 AND token = $2 AND expires_at > now()"),
             "{s}"
@@ -81,7 +81,7 @@ fn a_plain_acquisition_looks_at_its_row_and_the_names_limit_row_only() {
         "{s}"
     );
     assert!(s.contains("WHERE NOT EXISTS (SELECT 1 FROM lim)"), "{s}");
-    for s in [&sql.acquire, &sql.extend, &sql.release] {
+    for s in [&sql.acquire, &sql.extend, &sql.keep, &sql.release] {
         assert!(!s.contains("ANY($1)") && !s.contains("[]"), "{s}");
         assert!(!s.contains("statement_timestamp"), "{s}");
     }
@@ -118,7 +118,7 @@ fn acquisitions_read_the_queue_locked_and_admit_only_with_no_waiter_ahead() {
 fn holders_of_a_plain_lock_and_of_a_semaphore_have_their_statements() {
     let sql = Sql::new("t");
     assert_eq!(sql.on_token(OnToken::Extend, 1), (&*sql.extend, false));
-    assert_eq!(sql.on_token(OnToken::Keep, 1), (&*sql.extend, false));
+    assert_eq!(sql.on_token(OnToken::Keep, 1), (&*sql.keep, false));
     assert_eq!(sql.on_token(OnToken::Release, 1), (&*sql.release, false));
     assert_eq!(sql.on_token(OnToken::Extend, 2), (&*sql.extend_slot, false));
     assert_eq!(sql.on_token(OnToken::Keep, 3), (&*sql.keep_slot, true));
@@ -138,4 +138,29 @@ fn the_limit_row_is_a_holder_for_another_n_and_goes_with_a_forced_release() {
         .force
         .contains("name = $3 AND token = '/' || array_length($1::text[], 1)"));
     assert!(!sql.force.contains("now()"), "{}", sql.force);
+}
+
+#[test]
+fn the_end_of_a_run_leaves_its_record_in_the_same_statement() {
+    let sql = Sql::new("t");
+    // A renewal writes no record; a hold and a release do, from the row they change.
+    assert!(!sql.extend.contains("recorded"), "{}", sql.extend);
+    for s in [&sql.keep, &sql.release] {
+        assert!(s.starts_with("WITH ended AS ( UPDATE t SET"), "{s}");
+        assert!(s.contains("SELECT $4, 'run:' || 0 || ':'"), "{s}");
+        assert!(s.contains("FROM ended f WHERE $5 <> ''"), "{s}");
+    }
+    assert!(sql
+        .release
+        .ends_with("SELECT pg_notify($3, '')::text FROM ended"));
+    for s in [&sql.keep_slot, &sql.release_slot] {
+        assert!(
+            s.contains("SELECT $6, 'run:' || array_position($5::text[], f.name) - 1 || ':'"),
+            "{s}"
+        );
+        assert!(s.contains("FROM kept f WHERE $7 <> ''"), "{s}");
+        // The name lock's transaction judges by the statement's own clock.
+        assert!(!s.contains("now()"), "{s}");
+    }
+    assert!(!sql.extend_slot.contains("recorded"));
 }

@@ -40,6 +40,10 @@ impl Target for RedlockTarget {
         AnyBackend::new(RedlockBackend::new(self, config, waiting))
     }
 
+    fn keeps_records(&self) -> bool {
+        true
+    }
+
     fn semaphores(&self) -> bool {
         true
     }

@@ -1,8 +1,12 @@
 //! Counting the servers' answers for Redlock: which slot a majority can hold, the
-//! votes for it, another N seen, and the holders grouped by slot and token. Pure
-//! functions; part of [`super`].
+//! votes for it, another N seen, and the holders grouped by slot and token (pure
+//! functions); the quorum's refusal and `list`'s names. Part of [`super`].
+
+use std::time::Duration;
 
 use super::super::replies::{AcquireReply, HoldersReply, SlotHolder};
+use super::super::RedisBackend;
+use super::RedlockBackend;
 use crate::backend::{BackendError, Holder, RunRecord};
 
 /// The free slots each server saw when it took one (`None`: it took none).
@@ -100,21 +104,82 @@ pub fn group<'a>(holders: impl Iterator<Item = &'a SlotHolder>) -> Vec<(usize, H
 /// The last run a majority of the servers keeps: the record of the largest fencing
 /// token that at least `quorum` servers hold (each server's copy differs only in its
 /// own clock's end time; the earliest is shown). A release that reached only a
-/// minority is not the quorum's: the run before it is shown then.
+/// minority is not the quorum's: the run before it is shown then. Its last success is
+/// the newest any server keeps.
 pub fn majority_record(records: &[Option<RunRecord>], quorum: usize) -> Option<RunRecord> {
     let mut tokens: Vec<u64> = records.iter().flatten().map(|r| r.fencing_token).collect();
     tokens.sort_unstable_by(|a, b| b.cmp(a));
     tokens.dedup();
-    tokens.into_iter().find_map(|token| {
-        let same: Vec<&RunRecord> = records
+    tokens
+        .into_iter()
+        .find_map(|token| {
+            let same: Vec<&RunRecord> = records
+                .iter()
+                .flatten()
+                .filter(|r| r.fencing_token == token)
+                .collect();
+            (same.len() >= quorum)
+                .then(|| same.into_iter().min_by_key(|r| r.ended_ms).cloned())
+                .flatten()
+        })
+        .map(|mut r| {
+            // The last success is the newest any server keeps (`--once-per` would rather
+            // skip a run than repeat one whose success reached a minority).
+            r.last_ok = newest_ok(records);
+            r
+        })
+}
+
+/// The newest last success any of `records` keeps.
+fn newest_ok(records: &[Option<RunRecord>]) -> Option<crate::backend::LastOk> {
+    records
+        .iter()
+        .flatten()
+        .filter_map(|r| r.last_ok.clone())
+        .max_by_key(|ok| ok.started_ms)
+}
+
+impl RedlockBackend {
+    /// Explains a missing quorum from the answers' errors.
+    pub(super) fn no_quorum<T>(
+        &self,
+        what: &str,
+        ok: usize,
+        answers: &[Result<T, BackendError>],
+    ) -> BackendError {
+        let first_error = answers.iter().find_map(|a| a.as_ref().err());
+        let refused = answers
             .iter()
-            .flatten()
-            .filter(|r| r.fencing_token == token)
-            .collect();
-        (same.len() >= quorum)
-            .then(|| same.into_iter().min_by_key(|r| r.ended_ms).cloned())
-            .flatten()
-    })
+            .filter(|a| matches!(a, Err(BackendError::Refused(_))))
+            .count();
+        let detail = first_error.map(|e| format!(" ({e})")).unwrap_or_default();
+        let msg = format!(
+            "only {ok} of {} Redis servers {what}; a majority of {} is needed{detail}",
+            self.nodes.len(),
+            self.quorum()
+        );
+        if refused > self.nodes.len() - self.quorum() {
+            BackendError::Refused(msg)
+        } else {
+            BackendError::Unavailable(msg)
+        }
+    }
+
+    /// `lockrun list`: the names any server that answered has keys of (each is then
+    /// asked as `status` asks, by majority), once a majority answered.
+    pub(super) async fn quorum_names(&self) -> Result<Vec<String>, BackendError> {
+        let answers = self
+            .on_all(Duration::from_secs(5), RedisBackend::scan_names)
+            .await;
+        let answered = answers.iter().filter(|a| a.is_ok()).count();
+        if answered < self.quorum() {
+            return Err(self.no_quorum("answered", answered, &answers));
+        }
+        let mut names: Vec<String> = answers.into_iter().flatten().flatten().collect();
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
 }
 
 #[cfg(test)]
@@ -137,6 +202,19 @@ mod tests {
         assert_eq!(got(&[rec(9, 50), rec(7, 20), rec(7, 25)]), Some((7, 20)));
         assert_eq!(got(&[rec(9, 50), None, rec(7, 25)]), None);
         assert_eq!(got(&[None, None, None]), None);
+        let ok = |started_ms: u64| crate::backend::LastOk {
+            started_ms,
+            host: "h".into(),
+        };
+        let with_ok = |fence: u64, started: u64| {
+            Some(RunRecord {
+                fencing_token: fence,
+                last_ok: Some(ok(started)),
+                ..RunRecord::default()
+            })
+        };
+        let r = majority_record(&[with_ok(7, 10), with_ok(7, 10), with_ok(9, 40)], 2);
+        assert_eq!(r.unwrap().last_ok, Some(ok(40)));
     }
 
     fn map(s: &str) -> Vec<bool> {

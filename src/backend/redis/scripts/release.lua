@@ -6,7 +6,8 @@
 -- not ours.
 -- A holder's release leaves the run's record (record.rs): the holder as stored, the
 -- slot, how it ended and when by this server's clock, kept as long as the fencing
--- counter.
+-- counter; a run that exited 0 also as the last success (ok_started_ms, ok_host),
+-- which any other run's record leaves as it was (--once-per).
 -- The token is looked for in every slot, so a release works for an acquire whose
 -- answer was lost (and frees every slot it holds, should a Redlock round have left it
 -- two). Each slot freed wakes one waiter; the last holder of a semaphore to go takes
@@ -37,6 +38,9 @@ local function record_run(h, slot)
   redis.call('HSET', KEYS[4], 'host', h[5] or '', 'pid', h[6] or '0', 'fence', h[8] or '0',
     'slot', slot, 'started_ms', h[7] or '0', 'ended_ms', string.format('%.0f', now_ms),
     'exit', ARGV[6], 'ended_by', ARGV[7])
+  if ARGV[6] == '0' then
+    redis.call('HSET', KEYS[4], 'ok_started_ms', h[7] or '0', 'ok_host', h[5] or '')
+  end
   redis.call('PEXPIRE', KEYS[4], FENCE_KEEP_MS)
 end
 -- Puts waiter `id`, woken at `mark`, back at the head of the queue; true if its
