@@ -247,7 +247,7 @@ pub trait Backend {
     async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError>;
 
     /// The record of `name`'s last run that ended, if the backend keeps one (Redis,
-    /// PostgreSQL and `file://` do; the other backends keep none yet, and answer
+    /// PostgreSQL, `file://` and etcd do; the other backends keep none yet, and answer
     /// `None`).
     async fn last_run(&self, _name: &str) -> Result<Option<RunRecord>, BackendError> {
         Ok(None)

@@ -18,6 +18,10 @@
 //! none), is never read as one, so never counted, shown or deleted; at worst it makes a
 //! transaction's range compare fail and the acquire read and try again.
 //!
+//! **The record** of the name's last run is `P{NAME}:last` ([`super::record`]): `:`
+//! follows `&`, so it lies outside both ranges, and it ends in neither a `}` nor a
+//! suffix above, so it is no other pair's slot or waiter key.
+//!
 //! **Upgrades.** Lockrun before braces wrote `PNAME`. A plain acquisition (`--slots 1`)
 //! also compares that key absent and reads it as a holder of slot 0
 //! ([`SlotKeys::legacy`]): an older lockrun's live lock is busy for it.
@@ -127,6 +131,12 @@ impl SlotKeys {
             0 => self.base.clone(),
             i => format!("{}#{i}", self.base),
         }
+    }
+
+    /// The key of the record of the name's last run: `P{NAME}:last`, after the queue
+    /// (`:` follows `&`), so no range a take compares or reads holds it.
+    pub fn record_key(&self) -> String {
+        format!("{}:last", self.base)
     }
 
     /// The key of the waiter on lease `lease`.
