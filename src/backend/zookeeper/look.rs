@@ -1,15 +1,19 @@
 //! Looking at one lock's directory from outside (`status`, a busy answer without
-//! queueing) and breaking it (`release --force`), as methods of [`ZkBackend`]. A plain
-//! lock is held by its hold node while that is on, else by the first in line; a
-//! semaphore by each slot node and each hold that is on. Part of [`super`].
+//! queueing, the last run's record) and breaking it (`release --force`), as methods of
+//! [`ZkBackend`]. A plain lock is held by its hold node while that is on, else by the
+//! first in line; a semaphore by each slot node and each hold that is on. Part of
+//! [`super`].
+
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures_util::future::join_all;
 use zookeeper_client::{Client, Error as ZkError, MultiWriteError};
 
 use super::layout::{self, slot_name};
 use super::place::Listing;
+use super::record::{record_from, RECORD};
 use super::ZkBackend;
-use crate::backend::{BackendError, Holder};
+use crate::backend::{BackendError, Holder, RunRecord};
 
 /// A holder, with the nodes that make it one (what `release --force` deletes: a hold
 /// node; a plain lock's queue node; a slot node and its owner's queue node).
@@ -165,6 +169,23 @@ impl ZkBackend {
             }
         }
         Ok(broken)
+    }
+
+    /// The record of the last run of the lock in `dir`, unless there is none or it is
+    /// past its keep (by this host's clock, against the server's time of its write).
+    pub(super) async fn read_record(
+        &self,
+        client: &Client,
+        dir: &str,
+    ) -> Result<Option<RunRecord>, BackendError> {
+        let path = format!("{dir}/{RECORD}");
+        let now = SystemTime::now().duration_since(UNIX_EPOCH);
+        let now_ms = now.map_or(0, |d| d.as_millis() as u64);
+        match client.get_data(&path).await {
+            Ok((value, stat)) => Ok(record_from(&value, stat.mtime, now_ms)),
+            Err(ZkError::NoNode) => Ok(None),
+            Err(e) => Err(self.error(&e, &path)),
+        }
     }
 
     fn kept_changing(&self, dir: &str) -> BackendError {

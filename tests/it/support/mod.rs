@@ -76,7 +76,7 @@ pub use scratch::{wait_line, wait_pid, Scratch};
 pub use sentinel::{Security, Sentinel};
 pub use serial::alone;
 pub use tls::{TestCa, TlsFiles};
-pub use zookeeper::{ZkEnsemble, ZkServer};
+pub use zookeeper::{ZkEnsemble, ZkExtras, ZkServer};
 
 /// Upper bound for waits that should finish in well under a second on an idle machine.
 pub const WAIT: Duration = Duration::from_secs(20);
