@@ -1,11 +1,15 @@
-//! The record of a lock's last run on etcd: the key `P{NAME}:last` (see [`super::slots`]
-//! for why no other key is it), its value, and the lease it lives on. Pure: no I/O.
-//! Part of [`super`]; depends on [`super::value`] and [`super::wire`].
+//! The record of a lock's last run on etcd: the key `P{NAME}:last`, and beside it
+//! `P{NAME}:ok`, the last run that succeeded (see [`super::slots`] for why no other key
+//! is either), their values, and the lease they live on. Pure: no I/O. Part of
+//! [`super`]; depends on [`super::value`] and [`super::wire`].
 //!
-//! **Value.** JSON `{"host", "pid", "fencing_token", "slot", "started_ms", "ended_ms",
-//! "exit_status", "ended_by"}`: the holder as this lockrun stored it in the lock key
-//! (`started_ms` is its `since_ms`), and how and when the run ended. Both times are the
-//! holder's clock: etcd tells no time. The token is not in it.
+//! **Values.** `:last` is JSON `{"host", "pid", "fencing_token", "slot", "started_ms",
+//! "ended_ms", "exit_status", "ended_by"}`: the holder as this lockrun stored it in the
+//! lock key (`started_ms` is its `since_ms`), and how and when the run ended. Both
+//! times are the holder's clock: etcd tells no time. The token is not in it. `:ok` is
+//! JSON `{"host", "started_ms"}` of the last run that exited 0: a key of its own, put
+//! only by such a run (in the same transaction), so that a failed run leaves it as it
+//! was without reading it first.
 //!
 //! **Expiry.** An etcd key expires only with a lease. One lease per record would cost a
 //! grant per run and leave a lease per run alive for days; instead every record written
@@ -29,7 +33,7 @@ use std::time::Duration;
 
 use super::value::holder_from;
 use super::wire::RequestOp;
-use crate::backend::{RunEnd, RunRecord};
+use crate::backend::{LastOk, RunEnd, RunRecord};
 
 /// A week, in seconds: the records of one week share a lease.
 pub const WEEK_SECS: u64 = 7 * 24 * 3600;
@@ -62,13 +66,15 @@ pub fn lease_id(prefix: &str, week: u64) -> i64 {
         .max(1)
 }
 
-/// The record a release writes: the key, its value, and its week's lease.
+/// The record a release writes: the keys, their values, and their week's lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecordPut {
     /// `P{NAME}:last`.
     pub key: String,
     /// The JSON value.
     pub value: String,
+    /// `P{NAME}:ok` and its value, for a run that succeeded.
+    pub ok: Option<(String, String)>,
     /// The week it was written in (by this lockrun's clock).
     pub week: u64,
     /// That week's lease under the prefix ([`lease_id`]).
@@ -77,26 +83,56 @@ pub struct RecordPut {
 
 impl RecordPut {
     /// The record of the run that held `slot` with fencing token `fence`, as stored
-    /// in its lock key's `value` (host, pid, since), ended as `end` at `now_ms` (this
-    /// lockrun's clock), to be kept at `key` on the lease of its week under `prefix`.
-    pub fn new(key: String, prefix: &str, value: &str, held: (u32, u64), end: RunEnd) -> Self {
+    /// in its lock key's `value` (host, pid, since), ended as `end` now (this lockrun's
+    /// clock), to be kept at `keys` (`:last`, `:ok`) on the lease of its week under
+    /// `prefix`.
+    pub fn new(
+        keys: [String; 2],
+        prefix: &str,
+        value: &str,
+        held: (u32, u64),
+        end: RunEnd,
+    ) -> Self {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
+        let [key, ok_key] = keys;
+        let ok = (end.exit_status == 0).then(|| (ok_key, ok_value(value)));
         let value = record_value(value, held, end, now.as_millis() as u64);
         let week = week_of(now.as_secs());
         RecordPut {
             key,
             value,
+            ok,
             week,
             lease: lease_id(prefix, week),
         }
     }
 
-    /// The transaction's operation that writes it.
-    pub fn op(&self) -> RequestOp {
-        RequestOp::put(&self.key, &self.value, self.lease)
+    /// The transaction's operations that write it.
+    pub fn ops(&self) -> Vec<RequestOp> {
+        let ok = self
+            .ok
+            .iter()
+            .map(|(k, v)| RequestOp::put(k, v, self.lease));
+        let last = RequestOp::put(&self.key, &self.value, self.lease);
+        std::iter::once(last).chain(ok).collect()
     }
+}
+
+/// The value of `:ok` for the holder described in `value` (our lock key's).
+fn ok_value(value: &str) -> String {
+    let h = holder_from(value.as_bytes(), 0, 0);
+    serde_json::json!({"host": h.host, "started_ms": h.since_ms}).to_string()
+}
+
+/// The last success read back from `:ok` (`None` for a value that is not one).
+pub fn ok_from(value: &[u8]) -> Option<LastOk> {
+    let v: serde_json::Value = serde_json::from_slice(value).ok()?;
+    Some(LastOk {
+        host: v.get("host")?.as_str()?.to_owned(),
+        started_ms: v.get("started_ms")?.as_u64()?,
+    })
 }
 
 /// The record's value: the holder described in `value` (our lock key's) that held
@@ -155,6 +191,23 @@ mod tests {
         assert_eq!(r.ended_by, "max_runtime");
         assert!(r.started_ms > 1_600_000_000_000 && r.started_ms <= r.ended_ms);
         assert_eq!(r.ended_ms, 1_800_000_000_000);
+        let keys = ["p{n}:last".to_owned(), "p{n}:ok".to_owned()];
+        let failed = RecordPut::new(keys.clone(), "p", &stored, (2, 77), end);
+        assert_eq!((failed.ok.clone(), failed.ops().len()), (None, 1));
+        let ok = RunEnd {
+            exit_status: 0,
+            ended_by: EndedBy::Exited,
+        };
+        let put = RecordPut::new(keys, "p", &stored, (2, 77), ok);
+        let (key, value) = put.ok.clone().expect("a success writes :ok");
+        assert_eq!(key, "p{n}:ok");
+        let last_ok = ok_from(value.as_bytes()).expect("a last success");
+        assert_eq!(
+            (last_ok.host.as_str(), last_ok.started_ms),
+            ("web1", r.started_ms)
+        );
+        assert_eq!(put.ops().len(), 2);
+        assert_eq!(ok_from(b"{}"), None);
     }
 
     #[test]

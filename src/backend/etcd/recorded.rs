@@ -6,7 +6,7 @@
 use futures_util::future::join_all;
 
 use super::errors::{is_lease_exists, is_lease_not_found};
-use super::record::{lease_id, record_from, RecordPut, RECORD_TTL, SWEPT};
+use super::record::{lease_id, ok_from, record_from, RecordPut, RECORD_TTL, SWEPT};
 use super::slots::SlotKeys;
 use super::value::ttl_secs;
 use super::wire::{Compare, RequestOp, TxnRequest, TxnResponse};
@@ -23,7 +23,8 @@ impl EtcdBackend {
         end: RunEnd,
     ) -> RecordPut {
         let held = (slot, ours.fence);
-        RecordPut::new(keys.record_key(), &self.key_prefix, &ours.value, held, end)
+        let at = [keys.record_key(), keys.ok_key()];
+        RecordPut::new(at, &self.key_prefix, &ours.value, held, end)
     }
 
     /// `Release::Now` of a run: one transaction deletes our slot's `key` if it is still
@@ -36,9 +37,11 @@ impl EtcdBackend {
         ours: &OurLease,
         record: &RecordPut,
     ) -> Result<(), BackendError> {
+        let mut success = vec![RequestOp::delete(key)];
+        success.extend(record.ops());
         let txn = TxnRequest {
             compare: vec![Compare::on_lease(key, ours.id)],
-            success: vec![RequestOp::delete(key), record.op()],
+            success,
             failure: vec![],
         };
         match self.txn_with_record(&txn, record).await?.succeeded {
@@ -95,15 +98,23 @@ impl EtcdBackend {
         granted
     }
 
-    /// The record of the name's last run, if one is stored (and is one).
+    /// The record of the name's last run, if one is stored (and is one), with its last
+    /// success: both keys in one read (of the range from `:last` to `:ok`; any other
+    /// key there is not read as either).
     pub(super) async fn read_record(
         &self,
         keys: &SlotKeys,
     ) -> Result<Option<RunRecord>, BackendError> {
-        let key = keys.record_key();
+        let (last, ok) = (keys.record_key(), keys.ok_key());
+        let end = format!("{ok}\0");
         let reply = self
-            .call(async |c| c.range(key.as_bytes(), b"").await)
+            .call(async |c| c.range(last.as_bytes(), end.as_bytes()).await)
             .await?;
-        Ok(reply.kvs.first().and_then(|kv| record_from(&kv.value)))
+        let value_of = |key: &str| reply.kvs.iter().find(|kv| kv.key == key.as_bytes());
+        let Some(record) = value_of(&last).and_then(|kv| record_from(&kv.value)) else {
+            return Ok(None);
+        };
+        let last_ok = value_of(&ok).and_then(|kv| ok_from(&kv.value));
+        Ok(Some(RunRecord { last_ok, ..record }))
     }
 }

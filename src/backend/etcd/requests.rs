@@ -289,7 +289,7 @@ impl EtcdBackend {
         };
         let reply = match record {
             Some(record) => {
-                move_key.success.push(record.op());
+                move_key.success.extend(record.ops());
                 self.txn_with_record(&move_key, record).await
             }
             None => self.call(async |c| c.txn(move_key.clone()).await).await,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError};
 
 use super::layout::{self, hold_name, slot_name};
-use super::record::{record_value, Recording};
+use super::record::{ok_value, record_value, Recording};
 use super::{session_over, Claim, OurNode, ZkBackend};
 use crate::backend::{BackendError, Holder, RunEnd};
 
@@ -44,7 +44,8 @@ impl ZkBackend {
             ..layout::holder_from(&node.value, 0, 0, 0)
         };
         let value = record_value(&holder, end);
-        Some(Recording::new(&node.dir, value, self.acls()))
+        let ok = (end.exit_status == 0).then(|| ok_value(&holder));
+        Some(Recording::new(&node.dir, value, ok, self.acls()))
     }
 
     /// Deletes our `node`: its path if known, else every queue node carrying its token

@@ -11,7 +11,7 @@ use zookeeper_client::{Client, Error as ZkError, MultiWriteError};
 
 use super::layout::{self, slot_name};
 use super::place::Listing;
-use super::record::{record_from, RECORD};
+use super::record::{ok_from, record_from, OK, RECORD};
 use super::ZkBackend;
 use crate::backend::{BackendError, Holder, RunRecord};
 
@@ -171,21 +171,29 @@ impl ZkBackend {
         Ok(broken)
     }
 
-    /// The record of the last run of the lock in `dir`, unless there is none or it is
-    /// past its keep (by this host's clock, against the server's time of its write).
+    /// The record of the last run of the lock in `dir`, with its last success, unless
+    /// there is none or it is past its keep (by this host's clock, against the server's
+    /// time of its write). Both nodes are read side by side: one round trip.
     pub(super) async fn read_record(
         &self,
         client: &Client,
         dir: &str,
     ) -> Result<Option<RunRecord>, BackendError> {
-        let path = format!("{dir}/{RECORD}");
+        let (last, ok) = (format!("{dir}/{RECORD}"), format!("{dir}/{OK}"));
         let now = SystemTime::now().duration_since(UNIX_EPOCH);
         let now_ms = now.map_or(0, |d| d.as_millis() as u64);
-        match client.get_data(&path).await {
-            Ok((value, stat)) => Ok(record_from(&value, stat.mtime, now_ms)),
-            Err(ZkError::NoNode) => Ok(None),
-            Err(e) => Err(self.error(&e, &path)),
-        }
+        let (record, success) = tokio::join!(client.get_data(&last), client.get_data(&ok));
+        let record = match record {
+            Ok((value, stat)) => record_from(&value, stat.mtime, now_ms),
+            Err(ZkError::NoNode) => None,
+            Err(e) => return Err(self.error(&e, &last)),
+        };
+        let last_ok = match success {
+            Ok((value, stat)) => ok_from(&value, stat.mtime, now_ms),
+            Err(ZkError::NoNode) => None,
+            Err(e) => return Err(self.error(&e, &ok)),
+        };
+        Ok(record.map(|r| RunRecord { last_ok, ..r }))
     }
 
     fn kept_changing(&self, dir: &str) -> BackendError {

@@ -180,8 +180,14 @@ fn a_user_confined_to_the_prefix_runs_waits_inspects_and_breaks_locks() {
     for mut h in holders.into_iter().chain([w]) {
         h.wait_for(Duration::from_secs(60)).assert_failure(124);
     }
-    // Only the records of the runs that gave their locks back, on their lease.
-    let records = ["lockrun:{job}:last", "lockrun:{sem}:last"];
+    // Only the records (and last successes) of the runs that gave their locks back, on
+    // their lease.
+    let records = [
+        "lockrun:{job}:last",
+        "lockrun:{job}:ok",
+        "lockrun:{sem}:last",
+        "lockrun:{sem}:ok",
+    ];
     assert_eq!(etcd.keys_with_prefix("lockrun:"), records);
     let mut on_leases = etcd.keys_on_leases().concat();
     on_leases.sort();

@@ -24,6 +24,9 @@ use crate::support::*;
 /// The key of the record of "job"'s last run (`records`).
 const RECORD: &str = "lockrun:{job}:last";
 
+/// The keys a run of "job" that exits 0 leaves: its record, and its last success.
+const RECORDS: [&str; 2] = [RECORD, "lockrun:{job}:ok"];
+
 #[test]
 fn runs_and_busy_runs_leave_no_key_or_lease_behind() {
     let etcd = EtcdServer::start();
@@ -40,7 +43,7 @@ fn runs_and_busy_runs_leave_no_key_or_lease_behind() {
     assert!(!etcd.exists(&etcd_key("job")), "the lock was left behind");
     // The holder's lease holds nothing now (it ends with its TTL); the run's record
     // is on the records' lease (`records`).
-    assert_eq!(etcd.keys_on_leases(), [[RECORD]], "a key was left behind");
+    assert_eq!(etcd.keys_on_leases(), [RECORDS], "a key was left behind");
 }
 
 #[test]
@@ -305,7 +308,7 @@ fn each_slot_is_its_own_key_on_its_holders_own_lease() {
         [
             vec![etcd_key("job")],
             vec![etcd_slot_key("job", 2)],
-            vec![RECORD.into()]
+            RECORDS.map(String::from).to_vec()
         ]
     );
     let (mut again, slot, token) = hold_slot(&etcd, "job", &scratch[3], &opts);
@@ -325,8 +328,8 @@ fn each_slot_is_its_own_key_on_its_holders_own_lease() {
             lr.wait().assert_code(0);
         }
     }
-    assert_eq!(etcd.keys_with_prefix("lockrun:{job}"), [RECORD]);
-    assert_eq!(etcd.keys_on_leases(), [[RECORD]], "a key was left behind");
+    assert_eq!(etcd.keys_with_prefix("lockrun:{job}"), RECORDS);
+    assert_eq!(etcd.keys_on_leases(), [RECORDS], "a key was left behind");
 }
 
 #[test]
@@ -422,8 +425,8 @@ fn concurrent_acquirers_never_share_a_slot() {
     tokens.sort_unstable();
     tokens.dedup();
     assert_eq!(tokens.len(), 9, "two runs had one token: {log}");
-    assert_eq!(etcd.keys_with_prefix("lockrun:{job}"), [RECORD]);
-    assert_eq!(etcd.keys_on_leases(), [[RECORD]], "a key was left behind");
+    assert_eq!(etcd.keys_with_prefix("lockrun:{job}"), RECORDS);
+    assert_eq!(etcd.keys_on_leases(), [RECORDS], "a key was left behind");
 }
 
 #[test]
@@ -571,8 +574,8 @@ fn a_semaphores_waiters_queue_on_leases_kept_alive_and_leave_nothing() {
     w1.touch("go");
     h0.wait().assert_code(0);
     first.wait().assert_code(0);
-    assert_eq!(etcd.keys_with_prefix("lockrun:{job}"), [RECORD]);
-    assert_eq!(etcd.keys_on_leases(), [[RECORD]], "a key was left behind");
+    assert_eq!(etcd.keys_with_prefix("lockrun:{job}"), RECORDS);
+    assert_eq!(etcd.keys_on_leases(), [RECORDS], "a key was left behind");
 }
 
 #[test]

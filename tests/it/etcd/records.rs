@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
-use super::RECORD;
+use super::{RECORD, RECORDS};
 use crate::support::*;
 
 /// The records' lease lives 15 days.
@@ -76,6 +76,44 @@ fn status_shows_how_the_last_run_ended_held_or_free() {
 }
 
 #[test]
+fn the_record_keeps_the_last_success_which_only_a_run_that_exits_0_replaces() {
+    let etcd = EtcdServer::start();
+    run_job(&etcd, &[], "exit 0").0.assert_code(0);
+    let first = status(&etcd)["last_run"].clone();
+    assert_eq!(
+        first["last_ok"]["started_ms"], first["started_ms"],
+        "{first}"
+    );
+    assert_eq!(first["last_ok"]["host"], hostname());
+    // A failed run: the record is its own, the last success the run before it.
+    let (f, token) = run_job(&etcd, &[], "exit 3");
+    f.assert_code(3);
+    let v = status(&etcd);
+    assert_last_run(&v, token, 3, "exited");
+    assert_eq!(v["last_run"]["last_ok"], first["last_ok"], "{v}");
+    let line = last_run_line(&["--url", &etcd.url(), "job"]);
+    assert!(line.contains("exit status 3"), "{line}");
+    let text = run({
+        let mut cmd = lockrun();
+        cmd.args(["status", "--url", &etcd.url(), "job"]);
+        cmd
+    });
+    assert!(
+        text.stdout.contains("\n  last success: started "),
+        "{}",
+        text.stdout
+    );
+    // Both keys on a week's lease; the next success replaces the last success.
+    let mut on_leases = etcd.keys_on_leases().concat();
+    on_leases.sort();
+    assert_eq!(on_leases, RECORDS);
+    run_job(&etcd, &[], "exit 0").0.assert_code(0);
+    let v = status(&etcd)["last_run"].clone();
+    assert_eq!(v["last_ok"]["started_ms"], v["started_ms"], "{v}");
+    assert_ne!(v["last_ok"], first["last_ok"]);
+}
+
+#[test]
 fn a_run_makes_as_many_calls_as_before_records() {
     let etcd = EtcdServer::start();
     // The first release of the week grants the week's lease (and sweeps older ones).
@@ -126,7 +164,15 @@ fn records_share_their_weeks_lease_which_expires() {
     );
     let mut keys: Vec<String> = with_keys.into_iter().flat_map(|(_, k)| k).collect();
     keys.sort();
-    assert_eq!(keys, [RECORD, "lockrun:{other}:last"]);
+    assert_eq!(
+        keys,
+        [
+            RECORD,
+            "lockrun:{job}:ok",
+            "lockrun:{other}:last",
+            "lockrun:{other}:ok"
+        ]
+    );
 }
 
 /// The ID of the lease of the records written under the default prefix in `week`
@@ -162,7 +208,7 @@ fn the_grant_of_a_weeks_lease_revokes_those_of_three_to_five_weeks_before() {
     assert_eq!(
         with_keys,
         [
-            vec!["lockrun:{job}:last".to_owned()],
+            vec!["lockrun:{job}:last".to_owned(), "lockrun:{job}:ok".into()],
             vec!["lockrun:{old0}:last".into()],
             vec!["lockrun:{old3}:last".into()]
         ]

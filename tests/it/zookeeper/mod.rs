@@ -649,9 +649,9 @@ fn each_slot_keeps_its_own_hold_node() {
         .collect();
     assert_eq!(slots, vec![0], "only slot 0's hold keeps it: {v}");
     // The run on slot 1 removed the hold it found over; slot 0's stays until it ends
-    // (beside the record of the last run).
+    // (beside the record of the last run and of the last success).
     let listed = zk.cli(&["ls", "/lockrun:/pool"]);
-    assert!(listed.contains("[hold, last]"), "{listed}");
+    assert!(listed.contains("[hold, last, ok]"), "{listed}");
 }
 
 #[test]

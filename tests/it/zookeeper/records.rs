@@ -1,5 +1,5 @@
 //! The record of a lock's last run on ZooKeeper (the node `last` in the lock's
-//! directory): written by the multi-request that releases the lock, so a run makes no
+//! directory, and `ok`, its last success): written by the multi-request that releases the lock, so a run makes no
 //! more requests than before once the name has a record; shown by `status` whether the
 //! lock is held or free, with the time the run took the lock and the server's time of
 //! its release; a TTL node the server removes 7 days after the last run where it has
@@ -83,22 +83,49 @@ fn status_shows_how_the_last_run_ended_held_or_free() {
 }
 
 #[test]
+fn the_record_keeps_the_last_success_which_only_a_run_that_exits_0_replaces() {
+    let zk = ZkServer::start();
+    run_job(&zk, &[], "exit 0").0.assert_code(0);
+    let first = status(&zk)["last_run"].clone();
+    assert_eq!(
+        first["last_ok"]["started_ms"], first["started_ms"],
+        "{first}"
+    );
+    assert_eq!(first["last_ok"]["host"], hostname());
+    // A failed run: the record is its own, the last success the run before it.
+    let (f, token) = run_job(&zk, &[], "exit 3");
+    f.assert_code(3);
+    let v = status(&zk);
+    assert_last_run(&v, token, 3, "exited");
+    assert_eq!(v["last_run"]["last_ok"], first["last_ok"], "{v}");
+    let mut cmd = lockrun();
+    cmd.args(["status", "--url", &zk.url(), "job"]);
+    let text = run(cmd).stdout;
+    assert!(text.contains("\n  last success: started "), "{text}");
+    // The next success replaces it.
+    run_job(&zk, &[], "exit 0").0.assert_code(0);
+    let v = status(&zk)["last_run"].clone();
+    assert_eq!(v["last_ok"]["started_ms"], v["started_ms"], "{v}");
+    assert_ne!(v["last_ok"], first["last_ok"]);
+}
+
+#[test]
 fn a_release_is_one_multi_request_that_writes_the_record() {
     let zk = ZkServer::start();
     run_job(&zk, &[], "true").0.assert_code(0);
     // The first release of the name finds no record to set, and this server has no
-    // TTL nodes (extendedTypesEnabled is off by default): it creates a plain node.
+    // TTL nodes (extendedTypesEnabled is off by default): it creates plain nodes, the
+    // record and the last success.
     let txns = zk.txns();
     let first = session_of(&txns, "/lockrun:/job/lock-");
     let multis: Vec<&String> = first.iter().filter(|t| t.contains(" multi ")).collect();
     assert_eq!(multis.len(), 3, "{multis:#?}");
     let last = multis[2];
-    assert!(
-        last.contains("create:") && last.contains("/lockrun:/job/last"),
-        "{last}"
-    );
+    assert_eq!(last.matches("create:").count(), 2, "{last}");
+    assert!(last.contains("/lockrun:/job/last") && last.contains("/lockrun:/job/ok"));
     // Every later run: its node, and one multi-request that deletes it and sets the
-    // record (the delete it replaced was one request too).
+    // record (the delete it replaced was one request too); a failed run leaves the last
+    // success alone.
     let (f, token) = run_job(&zk, &[], "exit 3");
     f.assert_code(3);
     let txns = zk.txns();
@@ -113,6 +140,7 @@ fn a_release_is_one_multi_request_that_writes_the_record() {
         multi.contains("delete:") && multi.contains("setData:") && multi.contains("/job/last"),
         "{multi}"
     );
+    assert!(!multi.contains("/job/ok"), "{multi}");
     assert_last_run(&status(&zk), token, 3, "exited");
 }
 
@@ -209,15 +237,16 @@ fn the_server_removes_the_record_seven_days_after_the_last_run_where_it_has_ttl_
     let (f, token) = run_job(&zk, &[], "exit 0");
     f.assert_code(0);
     assert_last_run(&status(&zk), token, 0, "exited");
-    // Its directories and the record: a TTL node, created in the release.
-    assert_eq!(zk.node_count(), before + 3);
+    // Its directories, the record and the last success: TTL nodes, created in the
+    // release.
+    assert_eq!(zk.node_count(), before + 4);
     let txns = zk.txns();
     let release = txns.iter().rfind(|t| t.contains(" multi ")).unwrap();
-    assert!(release.contains("createTtl:"), "{release}");
+    assert_eq!(release.matches("createTtl:").count(), 2, "{release}");
     // Six days on, it is still there; eight days on, gone, and its directories with it.
     clock.jump_forward(Duration::from_secs(6 * 24 * 3600));
     std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(zk.node_count(), before + 3, "removed before its 7 days");
+    assert_eq!(zk.node_count(), before + 4, "removed before its 7 days");
     clock.jump_forward(Duration::from_secs(2 * 24 * 3600));
     wait_until("the server removed the record", WAIT, || {
         zk.node_count() == before

@@ -116,13 +116,15 @@ fn waiter_keys_are_a_range_of_their_own_after_the_slots() {
 #[test]
 fn the_record_key_lies_outside_every_range_a_take_reads_or_compares() {
     for k in [job(), plain()] {
-        let r = k.record_key().into_bytes();
-        assert_eq!(r, b"lockrun:{job}:last");
-        assert!(r.as_slice() >= job().read_end().as_slice() && r > k.end());
-        assert_eq!((k.slot_of(&r), k.is_waiter(&r)), (None, false));
-        let mut stray = kv(0, PLAIN, 3);
-        stray.key = r;
-        assert_eq!(k.read([stray]), Read::default());
+        assert_eq!(k.record_key(), "lockrun:{job}:last");
+        assert_eq!(k.ok_key(), "lockrun:{job}:ok");
+        for r in [k.record_key().into_bytes(), k.ok_key().into_bytes()] {
+            assert!(r.as_slice() >= job().read_end().as_slice() && r > k.end());
+            assert_eq!((k.slot_of(&r), k.is_waiter(&r)), (None, false));
+            let mut stray = kv(0, PLAIN, 3);
+            stray.key = r;
+            assert_eq!(k.read([stray]), Read::default());
+        }
     }
 }
 
