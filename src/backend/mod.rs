@@ -246,9 +246,8 @@ pub trait Backend {
     /// Who holds `name` now: every live holder, by slot (empty when free).
     async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError>;
 
-    /// The record of `name`'s last run that ended, if the backend keeps one (Redis,
-    /// PostgreSQL and `file://` do; the other backends keep none yet, and answer
-    /// `None`).
+    /// The record of `name`'s last run that ended, if there is one (every backend keeps
+    /// one; a backend that did not would answer `None`).
     async fn last_run(&self, _name: &str) -> Result<Option<RunRecord>, BackendError> {
         Ok(None)
     }

@@ -2,13 +2,17 @@
 //! back ([`RunEnd`]), and what the backend keeps of it under the lock's name for
 //! `status` and `list` ([`RunRecord`]). The backend writes the record in the same
 //! step as the release (the release script on Redis, the release's statement on
-//! PostgreSQL, before the lock is let go of on `file://`), so a run makes no more
-//! round trips than before; the times in it are the backend's own clock, like the
-//! holder's start time. A record expires with the fencing counter, or 7 days after the
-//! run where the counter never expires (PostgreSQL's sequence), or stays bounded as
-//! the counter does (one file per name on `file://`: property 8 of
-//! docs/guarantees.md). The record also keeps the last run that succeeded
-//! ([`LastOk`]), which `--once-per` judges by. Part of the backend interface; depends on nothing else.
+//! PostgreSQL, before the lock is let go of on `file://`, the release's transaction on
+//! PostgreSQL, before the lock is let go of on `file://`, the release's transaction on
+//! etcd, its multi-request on ZooKeeper), so a run makes no more round trips than
+//! before; the times in it are the backend's own clock, like the holder's start time
+//! (the holder's where the backend tells none: etcd). A record expires with the fencing
+//! counter, or 7 days after the run where the counter never expires (PostgreSQL's
+//! sequence; a ZooKeeper TTL node), or with a lease its week's records share (etcd), or
+//! stays bounded as the counter does (one file per name on `file://`, one node per name
+//! on a ZooKeeper without TTL nodes: property 8 of docs/guarantees.md). The record also
+//! keeps the last run that succeeded ([`LastOk`]), which `--once-per` judges by. Part of
+//! the backend interface; depends on nothing else.
 
 /// Why a run that held the lock ended, as kept in its record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -251,5 +251,14 @@ pub fn is_lease_not_found(e: &RpcError) -> bool {
     }
 }
 
+/// True when `e` says a lease granted with our ID exists already (etcd's
+/// `ErrGRPCLeaseExist`): a run record's week lease another lockrun granted first.
+pub fn is_lease_exists(e: &RpcError) -> bool {
+    match e {
+        RpcError::Status(s) => s.message().contains("lease already exists"),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests;

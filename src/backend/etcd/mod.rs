@@ -32,12 +32,16 @@
 //!   the lease is gone) side by side with a read-only transaction checking our slot's key
 //!   is still on the lease (`release --force`, `etcdctl del`): either failing is a
 //!   definite loss;
-//! - release: revoking the lease deletes the key atomically if, and only if, it is still
-//!   attached to it: never another holder's, and whatever slot an attempt whose answer
-//!   was lost took (one request; a lease already gone answers NotOwner, a key deleted by
-//!   hand under a live lease goes unnoticed here: renewals notice it); `--hold-at-least`
-//!   instead moves our slot's key, if still on our lease, to a new lease of the time left
-//!   (rounded up, so at least that long) and revokes ours;
+//! - release of a run: one transaction deletes our slot's key if it is still on our
+//!   lease (never another holder's) and puts the run's record `P{NAME}:last`
+//!   ([`record`]), or does nothing (NotOwner). One request, as the revoke it replaced;
+//!   our lease, holding nothing now, ends with its TTL;
+//! - release of an attempt that ran nothing: revoking the lease deletes the key
+//!   atomically if, and only if, it is still attached to it, whatever slot an attempt
+//!   whose answer was lost took (a lease already gone answers NotOwner);
+//!   `--hold-at-least` instead moves our slot's key, if still on our lease, to a new
+//!   lease of the time left (rounded up, so at least that long), writing the record in
+//!   that transaction, and revokes ours;
 //! - `--wait`: a watch for a deletion from the revision of the busy read, so a release
 //!   (or expiry) between the read and the watch is not missed. A plain lock's waiters
 //!   watch its key: a release wakes them all and the first transaction wins, no queue.
@@ -56,9 +60,11 @@
 //! **Every key expires**: a lease longer than a day (`value::MAX_LEASE`, lockrun's
 //! longest `--ttl`) is refused before it is granted, and a lock key found on no lease
 //! (lockrun never writes one: it was written by hand) is put on a new lease of a day by
-//! the busy answer or `status` that finds it. Release deletes the key with its lease;
-//! a waiter's key is on its lease too; nothing else is kept per name (the fencing token
-//! is etcd's revision).
+//! the busy answer or `status` that finds it. Release deletes the key; a waiter's key
+//! is on its lease too; besides, a name keeps only the record of its last run, on the
+//! lease of 15 days that every record of the prefix written in the same week shares
+//! ([`record`]: not one lease per run, and revoked by a later week's grant should
+//! leader changes keep it alive); the fencing token is etcd's revision.
 //!
 //! The client talks to one member at a time, made lazily. After any error or abandoned
 //! call it is dropped and the next call uses the next member; a call whose connection
@@ -67,6 +73,8 @@
 //! so building lockrun needs no `protoc`.
 
 mod errors;
+mod record;
+mod recorded;
 mod requests;
 mod rpc;
 mod slots;
@@ -82,7 +90,7 @@ use std::time::Duration;
 use crate::backend::conn::{Connection, Slot};
 use crate::backend::url::BackendConfig;
 use crate::backend::{
-    wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release, RunEnd,
+    wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release, RunEnd, RunRecord,
 };
 use errors::never_sent;
 use rpc::{Client, RpcError};
@@ -130,6 +138,8 @@ struct OurLease {
     slot: Option<u32>,
     /// The value we stored in the key (written again by `Release::KeepFor`).
     value: String,
+    /// The fencing token of the slot taken (0 before): for the run's record.
+    fence: u64,
     /// With `--slots` above 1, while we wait: the revision our waiter key was created
     /// at, our place in the queue.
     queued: Option<i64>,
@@ -227,6 +237,7 @@ impl Backend for EtcdBackend {
             ttl: req.ttl,
             slot: None,
             value: String::new(),
+            fence: 0,
             queued: None,
         });
         self.grant(id, req.ttl).await?;
@@ -259,22 +270,34 @@ impl Backend for EtcdBackend {
         name: &str,
         token: &str,
         how: Release,
-        _end: Option<RunEnd>,
+        end: Option<RunEnd>,
     ) -> Result<(), BackendError> {
         let Some(ours) = self.our_lease(token) else {
             return Err(BackendError::NotOwner);
         };
         self.local().lease = None;
-        match (how, ours.slot) {
+        let keys = self.keys(name);
+        // A run that held a slot leaves its record (see `record.rs`).
+        let record = ours
+            .slot
+            .zip(end)
+            .map(|(slot, end)| self.record(&keys, &ours, slot, end));
+        match (how, ours.slot, record) {
+            (Release::Now, Some(slot), Some(record)) => {
+                self.release_recorded(&keys.key(slot), &ours, &record).await
+            }
             // Revoking deletes the key only if it is attached to our lease: a lock
             // that is someone else's by now is on another lease and stays. It frees
             // whatever slot the lease holds, known or not.
-            (Release::Now, _) | (Release::KeepFor(_), None) => match self.revoke(ours.id).await? {
-                true => Ok(()),
-                false => Err(BackendError::NotOwner),
-            },
-            (Release::KeepFor(keep), Some(slot)) => {
-                self.keep_for(&self.keys(name).key(slot), &ours, keep).await
+            (Release::Now, _, _) | (Release::KeepFor(_), None, _) => {
+                match self.revoke(ours.id).await? {
+                    true => Ok(()),
+                    false => Err(BackendError::NotOwner),
+                }
+            }
+            (Release::KeepFor(keep), Some(slot), record) => {
+                self.keep_for(&keys.key(slot), &ours, keep, record.as_ref())
+                    .await
             }
         }
     }
@@ -282,6 +305,10 @@ impl Backend for EtcdBackend {
     async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
         let (read, _) = self.read(&self.keys(name)).await?;
         self.holders(read.held, true).await
+    }
+
+    async fn last_run(&self, name: &str) -> Result<Option<RunRecord>, BackendError> {
+        self.read_record(&self.keys(name)).await
     }
 
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {

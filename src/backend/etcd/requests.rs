@@ -7,6 +7,7 @@ use std::time::Duration;
 use futures_util::{StreamExt, TryStreamExt};
 
 use super::errors::{access_error, explain, is_lease_not_found, Access};
+use super::record::RecordPut;
 use super::slots::{Held, Read, SlotKeys};
 use super::value::{holder_from, lease_secs, new_lease_id, ttl_secs, MAX_LEASE};
 use super::wire::{
@@ -269,22 +270,30 @@ impl EtcdBackend {
     }
 
     /// `Release::KeepFor`: moves the key to a new lease of `keep` (so it expires then),
-    /// if it is still on ours, and revokes ours.
+    /// if it is still on ours, writing the run's `record` in the same transaction, and
+    /// revokes ours.
     pub(super) async fn keep_for(
         &self,
         key: &str,
         ours: &OurLease,
         keep: Duration,
+        record: Option<&RecordPut>,
     ) -> Result<(), BackendError> {
         let id = new_lease_id();
         let secs = lease_secs(keep)?;
         self.call(async |c| c.lease_grant(id, secs).await).await?;
-        let move_key = TxnRequest {
+        let mut move_key = TxnRequest {
             compare: vec![Compare::on_lease(key, ours.id)],
             success: vec![RequestOp::put(key, &ours.value, id)],
             failure: vec![],
         };
-        let reply = self.call(async |c| c.txn(move_key.clone()).await).await;
+        let reply = match record {
+            Some(record) => {
+                move_key.success.extend(record.ops());
+                self.txn_with_record(&move_key, record).await
+            }
+            None => self.call(async |c| c.txn(move_key.clone()).await).await,
+        };
         let moved = matches!(reply, Ok(ref r) if r.succeeded);
         if !moved {
             // Not ours any more (or no answer): the new lease is not needed.

@@ -18,6 +18,11 @@
 //! none), is never read as one, so never counted, shown or deleted; at worst it makes a
 //! transaction's range compare fail and the acquire read and try again.
 //!
+//! **The record** of the name's last run is `P{NAME}:last`, its last success
+//! `P{NAME}:ok` ([`super::record`]): `:` follows `&`, so they lie outside both ranges,
+//! and they end in neither a `}` nor a suffix above, so they are no other pair's slot
+//! or waiter keys.
+//!
 //! **Upgrades.** Lockrun before braces wrote `PNAME`. A plain acquisition (`--slots 1`)
 //! also compares that key absent and reads it as a holder of slot 0
 //! ([`SlotKeys::legacy`]): an older lockrun's live lock is busy for it.
@@ -127,6 +132,17 @@ impl SlotKeys {
             0 => self.base.clone(),
             i => format!("{}#{i}", self.base),
         }
+    }
+
+    /// The key of the record of the name's last run: `P{NAME}:last`, after the queue
+    /// (`:` follows `&`), so no range a take compares or reads holds it.
+    pub fn record_key(&self) -> String {
+        format!("{}:last", self.base)
+    }
+
+    /// The key of the name's last successful run: `P{NAME}:ok`, after the record's.
+    pub fn ok_key(&self) -> String {
+        format!("{}:ok", self.base)
     }
 
     /// The key of the waiter on lease `lease`.

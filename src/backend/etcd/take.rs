@@ -119,6 +119,7 @@ impl EtcdBackend {
                 // Our waiter key, if any, went in the same transaction.
                 ours.slot = Some(slot);
                 ours.value = value;
+                ours.fence = fencing_token;
                 ours.queued = None;
             }
             return Ok(Acquire::Acquired {

@@ -16,7 +16,9 @@
 //!   reading a node (a name without it is N = 1, also an older lockrun's);
 //! - `slot-<i>` (ephemeral): slot i of a semaphore is held; it describes its holder;
 //! - `hold` (slot 0, the plain lock's) and `hold-<i>` (slot i ≥ 1), persistent: the
-//!   `--hold-at-least` of the slot's last holder.
+//!   `--hold-at-least` of the slot's last holder;
+//! - `last` and `ok` (persistent, or TTL): the record of the lock's last run, and of
+//!   its last success (`record.rs`).
 
 use std::time::Duration;
 

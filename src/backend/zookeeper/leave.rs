@@ -1,15 +1,17 @@
 //! Leaving the queue of one lock, as methods of [`ZkBackend`]: deleting our node
 //! (with our slot node, for a semaphore's that claimed one, in the same multi-request:
 //! a slot node never outlives its owner's queue node) and the `--hold-at-least`
-//! hand-over to a hold node. Part of [`super`].
+//! hand-over to a hold node; a run's release writes its record in the same
+//! multi-request (`record.rs`). Part of [`super`].
 
 use std::time::Duration;
 
 use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError};
 
 use super::layout::{self, hold_name, slot_name};
+use super::record::{ok_value, record_value, Recording};
 use super::{session_over, Claim, OurNode, ZkBackend};
-use crate::backend::BackendError;
+use crate::backend::{BackendError, Holder, RunEnd};
 
 /// What a release that keeps the lock (`--hold-at-least`) leaves in the hold node: the
 /// claim's time and zxid by the server, its slot (none for a plain lock), and whether
@@ -22,13 +24,39 @@ struct Kept {
 }
 
 impl ZkBackend {
+    /// The record of the run that held the lock with our `node` and ended as `end`:
+    /// none for a node that holds nothing (a semaphore's without its slot).
+    pub(super) async fn recording(&self, node: &OurNode, end: RunEnd) -> Option<Recording> {
+        let (slot, fence, since) = match node.claim {
+            Claim::Held {
+                slot,
+                zxid,
+                since_ms,
+                ..
+            } => (slot, zxid, since_ms),
+            Claim::Unclaimed if self.slots == 1 => (0, node.czxid, node.taken_at().await),
+            Claim::Unclaimed | Claim::Sent => return None,
+        };
+        let holder = Holder {
+            slot,
+            fencing_token: u64::try_from(fence).unwrap_or(0),
+            since_ms: u64::try_from(since).unwrap_or(0),
+            ..layout::holder_from(&node.value, 0, 0, 0)
+        };
+        let value = record_value(&holder, end);
+        let ok = (end.exit_status == 0).then(|| ok_value(&holder));
+        Some(Recording::new(&node.dir, value, ok, self.acls()))
+    }
+
     /// Deletes our `node`: its path if known, else every queue node carrying its token
-    /// (a creation whose answer was lost); with the slot node of its claim. NotOwner if
-    /// none was there.
+    /// (a creation whose answer was lost); with the slot node of its claim, and
+    /// `record`, the run's, written in the same multi-request. NotOwner if none was
+    /// there.
     pub(super) async fn delete_ours(
         &self,
         client: &Client,
         node: &OurNode,
+        mut record: Option<Recording>,
     ) -> Result<(), BackendError> {
         let dir = &node.dir;
         let nodes: Vec<(String, Claim)> = match &node.path {
@@ -49,14 +77,23 @@ impl ZkBackend {
         let mut deleted = false;
         for (path, claim) in nodes {
             // The token in the name makes the node ours: no other lockrun has it.
-            let gone = match claim {
-                Claim::Unclaimed => client.delete(&path, None).await.map(|()| true),
-                Claim::Sent => self.delete_claimed(client, dir, &path).await,
-                Claim::Held {
-                    slot, hold_version, ..
-                } => {
-                    self.delete_held(client, dir, &path, slot, hold_version)
-                        .await
+            let gone = match (claim, record.as_mut()) {
+                (Claim::Unclaimed, None) => client.delete(&path, None).await.map(|()| true),
+                (Claim::Unclaimed, Some(record)) => {
+                    match delete_all(client, &[(&path, None)], Some(record)).await {
+                        Ok(()) => Ok(true),
+                        Err((_, e)) => Err(e),
+                    }
+                }
+                (Claim::Sent, _) => self.delete_claimed(client, dir, &path).await,
+                (
+                    Claim::Held {
+                        slot, hold_version, ..
+                    },
+                    record,
+                ) => {
+                    let held = (slot, hold_version);
+                    self.delete_held(client, dir, &path, held, record).await
                 }
             };
             match gone {
@@ -75,14 +112,15 @@ impl ZkBackend {
 
     /// Deletes our queue node at `path`, which holds `slot`, with the slot node and the
     /// slot's over hold node the claim found (of `hold_version`: only the holder of
-    /// the slot writes it, so it is the same one, unless `release --force` removed it).
+    /// the slot writes it, so it is the same one, unless `release --force` removed it);
+    /// and writes `record`.
     async fn delete_held(
         &self,
         client: &Client,
         dir: &str,
         path: &str,
-        slot: u32,
-        hold_version: Option<i32>,
+        (slot, hold_version): (u32, Option<i32>),
+        mut record: Option<&mut Recording>,
     ) -> Result<bool, ZkError> {
         let slot_path = format!("{dir}/{}", slot_name(slot));
         let hold_path = format!("{dir}/{}", hold_name(slot));
@@ -91,7 +129,7 @@ impl ZkBackend {
             if let Some(v) = hold {
                 ops.push((hold_path.as_str(), Some(v)));
             }
-            match delete_all(client, &ops).await {
+            match delete_all(client, &ops, record.as_deref_mut()).await {
                 Ok(()) => return Ok(true),
                 Err((2, _)) => {} // the hold was removed meanwhile: without it
                 Err((0, ZkError::NoNode)) => return Ok(false),
@@ -121,7 +159,7 @@ impl ZkBackend {
             let slot_path = layout::slot_in(&value).map(|s| format!("{dir}/{}", slot_name(s)));
             let mut ops = vec![(path, Some(stat.version))];
             ops.extend(slot_path.as_deref().map(|p| (p, None)));
-            match delete_all(client, &ops).await {
+            match delete_all(client, &ops, None).await {
                 Ok(()) => return Ok(true),
                 Err((0, ZkError::BadVersion)) => {} // a claim applied meanwhile: again
                 Err((0, ZkError::NoNode)) => return Ok(false),
@@ -143,6 +181,7 @@ impl ZkBackend {
         client: &Client,
         node: &OurNode,
         keep: Duration,
+        mut record: Option<Recording>,
     ) -> Result<(), BackendError> {
         let path = node.path.clone().unwrap_or_default();
         let Some(Kept {
@@ -153,7 +192,7 @@ impl ZkBackend {
         }) = self.kept(client, node, &path).await?
         else {
             // A semaphore's node that holds no slot holds nothing to keep.
-            return self.delete_ours(client, node).await;
+            return self.delete_ours(client, node, record).await;
         };
         let hold_path = format!("{}/{}", node.dir, hold_name(slot.unwrap_or(0)));
         let slot_path = slot.map(|s| format!("{}/{}", node.dir, slot_name(s)));
@@ -162,8 +201,10 @@ impl ZkBackend {
         let options = CreateMode::Persistent.with_acls(self.acls());
         let hold_at = 1 + usize::from(slot_path.is_some());
         // A hold left over (one is deleted only by the slot's next holder): overwrite
-        // it; first, when our claim found one.
-        for overwrite in [left_over, !left_over] {
+        // it; first, when our claim found one. The run's record goes last: each way of
+        // leaving the hold, and of writing the record, may take a try.
+        let mut overwrite = left_over;
+        for _ in 0..6 {
             let mut multi = client.new_multi_writer();
             let built = multi
                 .add_delete(&path, None)
@@ -174,14 +215,17 @@ impl ZkBackend {
                 .and_then(|()| match overwrite {
                     false => multi.add_create(&hold_path, &value, &options),
                     true => multi.add_set_data(&hold_path, &value, None),
-                });
+                })
+                .and_then(|()| record.as_ref().map_or(Ok(()), |r| r.add(&mut multi)));
             built.map_err(|e| self.error(&e, &hold_path))?;
             match multi.commit().await {
                 Ok(_) => return Ok(()),
+                Err(e) if record.as_mut().is_some_and(|r| r.retry(&e, hold_at + 1)) => {}
                 Err(e) => {
                     if let Some(e) = self.leave_failed(e, hold_at, &path, &hold_path) {
                         return Err(e);
                     }
+                    overwrite = !overwrite;
                 }
             }
         }
@@ -258,16 +302,30 @@ impl ZkBackend {
     }
 }
 
-/// Deletes every `(path, version)` of `ops` in one multi-request (all or none); the
-/// index and error of the operation that failed.
-async fn delete_all(client: &Client, ops: &[(&str, Option<i32>)]) -> Result<(), (usize, ZkError)> {
-    let mut multi = client.new_multi_writer();
-    for (path, version) in ops {
-        multi.add_delete(path, *version).map_err(|e| (0, e))?;
-    }
-    match multi.commit().await {
-        Ok(_) => Ok(()),
-        Err(MultiWriteError::OperationFailed { index, source }) => Err((index, source)),
-        Err(MultiWriteError::RequestFailed { source }) => Err((usize::MAX, source)),
+/// Deletes every `(path, version)` of `ops` in one multi-request (all or none), which
+/// writes `record` too (sent again while only the record's operation fails: see
+/// [`Recording::retry`]); the index and error of the operation that failed.
+async fn delete_all(
+    client: &Client,
+    ops: &[(&str, Option<i32>)],
+    mut record: Option<&mut Recording>,
+) -> Result<(), (usize, ZkError)> {
+    loop {
+        let mut multi = client.new_multi_writer();
+        for (path, version) in ops {
+            multi.add_delete(path, *version).map_err(|e| (0, e))?;
+        }
+        if let Some(r) = record.as_deref() {
+            r.add(&mut multi).map_err(|e| (ops.len(), e))?;
+        }
+        match multi.commit().await {
+            Ok(_) => return Ok(()),
+            Err(e)
+                if record
+                    .as_deref_mut()
+                    .is_some_and(|r| r.retry(&e, ops.len())) => {}
+            Err(MultiWriteError::OperationFailed { index, source }) => return Err((index, source)),
+            Err(MultiWriteError::RequestFailed { source }) => return Err((usize::MAX, source)),
+        }
     }
 }

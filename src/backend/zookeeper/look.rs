@@ -1,15 +1,19 @@
 //! Looking at one lock's directory from outside (`status`, a busy answer without
-//! queueing) and breaking it (`release --force`), as methods of [`ZkBackend`]. A plain
-//! lock is held by its hold node while that is on, else by the first in line; a
-//! semaphore by each slot node and each hold that is on. Part of [`super`].
+//! queueing, the last run's record) and breaking it (`release --force`), as methods of
+//! [`ZkBackend`]. A plain lock is held by its hold node while that is on, else by the
+//! first in line; a semaphore by each slot node and each hold that is on. Part of
+//! [`super`].
+
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures_util::future::join_all;
 use zookeeper_client::{Client, Error as ZkError, MultiWriteError};
 
 use super::layout::{self, slot_name};
 use super::place::Listing;
+use super::record::{ok_from, record_from, OK, RECORD};
 use super::ZkBackend;
-use crate::backend::{BackendError, Holder};
+use crate::backend::{BackendError, Holder, RunRecord};
 
 /// A holder, with the nodes that make it one (what `release --force` deletes: a hold
 /// node; a plain lock's queue node; a slot node and its owner's queue node).
@@ -165,6 +169,31 @@ impl ZkBackend {
             }
         }
         Ok(broken)
+    }
+
+    /// The record of the last run of the lock in `dir`, with its last success, unless
+    /// there is none or it is past its keep (by this host's clock, against the server's
+    /// time of its write). Both nodes are read side by side: one round trip.
+    pub(super) async fn read_record(
+        &self,
+        client: &Client,
+        dir: &str,
+    ) -> Result<Option<RunRecord>, BackendError> {
+        let (last, ok) = (format!("{dir}/{RECORD}"), format!("{dir}/{OK}"));
+        let now = SystemTime::now().duration_since(UNIX_EPOCH);
+        let now_ms = now.map_or(0, |d| d.as_millis() as u64);
+        let (record, success) = tokio::join!(client.get_data(&last), client.get_data(&ok));
+        let record = match record {
+            Ok((value, stat)) => record_from(&value, stat.mtime, now_ms),
+            Err(ZkError::NoNode) => None,
+            Err(e) => return Err(self.error(&e, &last)),
+        };
+        let last_ok = match success {
+            Ok((value, stat)) => ok_from(&value, stat.mtime, now_ms),
+            Err(ZkError::NoNode) => None,
+            Err(e) => return Err(self.error(&e, &ok)),
+        };
+        Ok(record.map(|r| RunRecord { last_ok, ..r }))
     }
 
     fn kept_changing(&self, dir: &str) -> BackendError {

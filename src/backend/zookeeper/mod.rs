@@ -97,6 +97,11 @@
 //! lock only once the hold is over (then it deletes it); `release --force` deletes it
 //! too. The hold node is one small node per name, removed by the next holder.
 //!
+//! **The run's record**: the release of a run that held the lock writes the record of
+//! its last run, the persistent node `last` in the directory (a TTL node where the
+//! server has them), in the multi-request that deletes its nodes or leaves its hold
+//! node: no extra round trip once the name has a record (`record.rs`).
+//!
 //! **ACLs**: nodes are created readable and writable by anyone, or, with a user and
 //! password in the URL (ZooKeeper's `digest` scheme), by that identity only.
 //!
@@ -107,8 +112,10 @@ mod errors;
 mod layout;
 mod leave;
 mod look;
+mod node;
 mod place;
 mod queue;
+mod record;
 mod relay;
 mod slots;
 mod target;
@@ -121,9 +128,11 @@ use zookeeper_client::{Acls, Client};
 
 use crate::backend::url::BackendConfig;
 use crate::backend::{
-    Acquire, AcquireRequest, Backend, BackendError, Holder, Release, RunEnd, MIN_WAIT_SLICE,
+    Acquire, AcquireRequest, Backend, BackendError, Holder, Release, RunEnd, RunRecord,
+    MIN_WAIT_SLICE,
 };
 use errors::{describe, session_over};
+use node::{Claim, OurNode};
 pub use target::{ZkTarget, KIND};
 
 /// The session timeout asked for by `status` and `release --force`, which hold nothing.
@@ -159,65 +168,6 @@ struct Local {
     node: Option<OurNode>,
     /// What the last busy answer said to wait for.
     waiting_for: Option<WaitFor>,
-}
-
-/// Our queue node.
-#[derive(Clone, Debug)]
-struct OurNode {
-    /// The lock's directory.
-    dir: String,
-    /// The token in its name.
-    token: String,
-    /// Its path, once the server has answered its creation.
-    path: Option<String>,
-    /// Its creation zxid: a plain lock's fencing token.
-    czxid: i64,
-    /// Its value (written again to stamp the time the lock was taken; a semaphore's
-    /// names the slot once claimed).
-    value: Vec<u8>,
-    /// A busy answer was given with it: taking the lock later stamps the time.
-    waited: bool,
-    /// A semaphore's claim of a slot (a plain lock's node never claims one).
-    claim: Claim,
-}
-
-impl OurNode {
-    /// A node of `token` in `dir` known only by its token: one whose creation (or its
-    /// claim) was never seen answered.
-    fn lost(dir: String, token: &str) -> OurNode {
-        OurNode {
-            dir,
-            token: token.to_owned(),
-            path: None,
-            czxid: 0,
-            value: Vec::new(),
-            waited: false,
-            claim: Claim::Unclaimed,
-        }
-    }
-}
-
-/// Where a semaphore's claim of a slot stands. Recorded before the claim is sent, so
-/// that a claim whose answer was lost is cleaned up with the node (see `slots.rs`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-enum Claim {
-    /// None sent.
-    #[default]
-    Unclaimed,
-    /// Sent; whether it applied is unknown (the node's value tells).
-    Sent,
-    /// The slot is ours.
-    Held {
-        /// The slot.
-        slot: u32,
-        /// The claim's zxid: the fencing token.
-        zxid: i64,
-        /// The claim's time by the server's clock.
-        since_ms: i64,
-        /// The version of the slot's (over) hold node the claim found, deleted with
-        /// our release.
-        hold_version: Option<i32>,
-    },
 }
 
 /// What a waiter waits for: any of these nodes changing or going, or, when one of
@@ -389,7 +339,7 @@ impl Backend for ZkBackend {
         name: &str,
         token: &str,
         how: Release,
-        _end: Option<RunEnd>,
+        end: Option<RunEnd>,
     ) -> Result<(), BackendError> {
         let node = {
             let mut local = self.local();
@@ -405,16 +355,21 @@ impl Backend for ZkBackend {
         let Some(client) = self.current() else {
             return Err(BackendError::NotOwner);
         };
+        // A run that held the lock leaves its record (`record.rs`).
+        let record = match (&node, end) {
+            (Some(node), Some(end)) => self.recording(node, end).await,
+            _ => None,
+        };
         match (node, how) {
             (Some(node @ OurNode { path: Some(_), .. }), Release::KeepFor(keep)) => {
-                self.keep_for(&client, &node, keep).await
+                self.keep_for(&client, &node, keep, record).await
             }
-            (Some(node), _) => self.delete_ours(&client, &node).await,
+            (Some(node), _) => self.delete_ours(&client, &node, record).await,
             // A token never seen answered: delete whatever node it may have made (and
             // the slot its value names: see `slots.rs`).
             (None, _) => {
                 let lost = OurNode::lost(self.dir(name), token);
-                self.delete_ours(&client, &lost).await
+                self.delete_ours(&client, &lost, None).await
             }
         }
     }
@@ -428,6 +383,11 @@ impl Backend for ZkBackend {
             .into_iter()
             .map(|(h, _)| h)
             .collect())
+    }
+
+    async fn last_run(&self, name: &str) -> Result<Option<RunRecord>, BackendError> {
+        let client = self.session(ADMIN_SESSION).await?;
+        self.read_record(&client, &self.dir(name)).await
     }
 
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
@@ -488,7 +448,7 @@ impl Backend for ZkBackend {
         };
         match (node, self.current()) {
             (Some(node), Some(client)) => {
-                let gone = self.delete_ours(&client, &node);
+                let gone = self.delete_ours(&client, &node, None);
                 match gone.await {
                     Ok(()) | Err(BackendError::NotOwner) => Ok(()),
                     Err(e) => Err(e),

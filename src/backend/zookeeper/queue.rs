@@ -52,7 +52,7 @@ impl ZkBackend {
             .clone()
             .filter(|n| n.token != token || n.path.is_none());
         if let Some(old) = stale {
-            match self.delete_ours(client, &old).await {
+            match self.delete_ours(client, &old, None).await {
                 Ok(()) | Err(BackendError::NotOwner) => {}
                 Err(e) => return Err(e),
             }
@@ -129,6 +129,7 @@ impl ZkBackend {
                     if let Some(node) = local.node.as_mut().filter(|n| n.token == req.token) {
                         node.path = Some(format!("{prefix}{sequence}"));
                         node.czxid = stat.czxid;
+                        node.created_ms = stat.mtime;
                     }
                     return Ok(sequence.into_i64());
                 }
@@ -298,9 +299,19 @@ impl ZkBackend {
         let node = self.local().node.clone().ok_or(BackendError::NotOwner)?;
         let path = node.path.clone().unwrap_or_default();
         if node.waited {
-            // Sent now, not waited for: only `status` reads the stamp, and the lock is
-            // ours whatever it answers (a hand-off need not wait for a disk write).
-            drop(client.set_data(&path, &node.value, None));
+            // Sent now, not waited for: only `status` and the run's record read the
+            // stamp, and the lock is ours whatever it answers (a hand-off need not wait
+            // for a disk write). Its answer, when it comes, gives the record the time.
+            let stamp = client.set_data(&path, &node.value, None);
+            let (at, answer) = tokio::sync::watch::channel(None);
+            tokio::spawn(async move {
+                if let Ok(stat) = stamp.await {
+                    let _ = at.send(Some(stat.mtime));
+                }
+            });
+            if let Some(ours) = self.local().node.as_mut().filter(|n| n.token == node.token) {
+                ours.stamp = Some(answer);
+            }
         }
         self.local().waiting_for = None;
         self.fencing(node.czxid, 0)

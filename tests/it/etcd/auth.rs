@@ -180,7 +180,18 @@ fn a_user_confined_to_the_prefix_runs_waits_inspects_and_breaks_locks() {
     for mut h in holders.into_iter().chain([w]) {
         h.wait_for(Duration::from_secs(60)).assert_failure(124);
     }
-    assert_eq!(etcd.keys_with_prefix("lockrun:"), Vec::<String>::new());
+    // Only the records (and last successes) of the runs that gave their locks back, on
+    // their lease.
+    let records = [
+        "lockrun:{job}:last",
+        "lockrun:{job}:ok",
+        "lockrun:{sem}:last",
+        "lockrun:{sem}:ok",
+    ];
+    assert_eq!(etcd.keys_with_prefix("lockrun:"), records);
+    let mut on_leases = etcd.keys_on_leases().concat();
+    on_leases.sort();
+    assert_eq!(on_leases, records, "a key was left behind");
 }
 
 /// A misconfiguration: the URL, the password, extra options, what the line must say.

@@ -7,10 +7,11 @@
 //! conformance suite.
 //!
 //! Beside it: `auth` (least-privilege etcd users, and the line of each missing
-//! permission), `tls` (`etcds://`: verified TLS, client certificates, and the line of
+//! permission), `records` (the last run's record and its lease), `tls` (`etcds://`: verified TLS, client certificates, and the line of
 //! each refused set-up).
 
 mod auth;
+mod records;
 mod tls;
 
 use std::thread;
@@ -19,6 +20,12 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use crate::support::*;
+
+/// The key of the record of "job"'s last run (`records`).
+const RECORD: &str = "lockrun:{job}:last";
+
+/// The keys a run of "job" that exits 0 leaves: its record, and its last success.
+const RECORDS: [&str; 2] = [RECORD, "lockrun:{job}:ok"];
 
 #[test]
 fn runs_and_busy_runs_leave_no_key_or_lease_behind() {
@@ -34,7 +41,9 @@ fn runs_and_busy_runs_leave_no_key_or_lease_behind() {
     s.touch("go");
     holder.wait().assert_code(0);
     assert!(!etcd.exists(&etcd_key("job")), "the lock was left behind");
-    assert_eq!(etcd.lease_count(), 0, "a lease was left behind");
+    // The holder's lease holds nothing now (it ends with its TTL); the run's record
+    // is on the records' lease (`records`).
+    assert_eq!(etcd.keys_on_leases(), [RECORDS], "a key was left behind");
 }
 
 #[test]
@@ -290,11 +299,18 @@ fn each_slot_is_its_own_key_on_its_holders_own_lease() {
     // Every slot held: busy, and nothing left behind by the busy run.
     run(lockrun_run(&etcd.url(), "job", &opts, &["true"])).assert_failure(75);
     assert_eq!(etcd.lease_count(), 3);
-    // Slot 1 frees: its key and lease go, and the next holder takes it.
+    // Slot 1 frees: its key goes (its lease holds nothing), and the next holder takes it.
     scratch[1].touch("go");
     holders[1].0.wait().assert_code(0);
     assert!(!etcd.exists(&etcd_slot_key("job", 1)));
-    assert_eq!(etcd.lease_count(), 2);
+    assert_eq!(
+        etcd.keys_on_leases(),
+        [
+            vec![etcd_key("job")],
+            vec![etcd_slot_key("job", 2)],
+            RECORDS.map(String::from).to_vec()
+        ]
+    );
     let (mut again, slot, token) = hold_slot(&etcd, "job", &scratch[3], &opts);
     assert_eq!(slot, 1);
     assert!(
@@ -312,8 +328,8 @@ fn each_slot_is_its_own_key_on_its_holders_own_lease() {
             lr.wait().assert_code(0);
         }
     }
-    assert_eq!(etcd.keys_with_prefix("lockrun:{job}"), Vec::<String>::new());
-    assert_eq!(etcd.lease_count(), 0, "a lease was left behind");
+    assert_eq!(etcd.keys_with_prefix("lockrun:{job}"), RECORDS);
+    assert_eq!(etcd.keys_on_leases(), [RECORDS], "a key was left behind");
 }
 
 #[test]
@@ -343,9 +359,14 @@ fn a_holder_with_another_n_is_refused_with_125() {
     s0.touch("go");
     first.wait().assert_code(0);
     assert!(!etcd.exists(&etcd_key("job")));
+    let before = etcd.leases();
     refused(&[], "--slots 2");
     refused(&["--slots", "3"], "--slots 2");
-    assert_eq!(etcd.lease_count(), 1, "a refused run left a lease behind");
+    let after = etcd.leases();
+    assert!(
+        after.iter().all(|l| before.contains(l)),
+        "a refused run left a lease behind"
+    );
     s1.touch("go");
     second.wait().assert_code(0);
     // A plain holder (its value is what lockrun wrote before semaphores).
@@ -356,8 +377,13 @@ fn a_holder_with_another_n_is_refused_with_125() {
         !value.contains("slot"),
         "a plain lock's value changed: {value}"
     );
+    let before = etcd.leases();
     refused(&["--slots", "2"], "a plain lock (--slots 1)");
-    assert_eq!(etcd.lease_count(), 1, "a refused run left a lease behind");
+    let after = etcd.leases();
+    assert!(
+        after.iter().all(|l| before.contains(l)),
+        "a refused run left a lease behind"
+    );
     s3.touch("go");
     plain.wait().assert_code(0);
 }
@@ -399,8 +425,8 @@ fn concurrent_acquirers_never_share_a_slot() {
     tokens.sort_unstable();
     tokens.dedup();
     assert_eq!(tokens.len(), 9, "two runs had one token: {log}");
-    assert_eq!(etcd.keys_with_prefix("lockrun:{job}"), Vec::<String>::new());
-    assert_eq!(etcd.lease_count(), 0, "a lease was left behind");
+    assert_eq!(etcd.keys_with_prefix("lockrun:{job}"), RECORDS);
+    assert_eq!(etcd.keys_on_leases(), [RECORDS], "a key was left behind");
 }
 
 #[test]
@@ -532,22 +558,24 @@ fn a_semaphores_waiters_queue_on_leases_kept_alive_and_leave_nothing() {
         !w2.exists("started"),
         "the second waiter ran with both slots held"
     );
-    assert_eq!(waiter_keys(&etcd).len(), 1);
+    let left = waiter_keys(&etcd);
+    assert_eq!(left.len(), 1);
+    let second_lease = etcd.get(&left[0]).expect("the second waiter's key").lease;
     // The second gives up (a signal): its waiter key and lease go.
     second.signal(Signal::SIGTERM);
     assert_ne!(second.wait().code, Some(0));
     assert_eq!(waiter_keys(&etcd), Vec::<String>::new());
     assert_eq!(
-        etcd.lease_count(),
-        2,
+        etcd.lease_ttl(second_lease),
+        -1,
         "the waiter that gave up left its lease"
     );
     s0.touch("go");
     w1.touch("go");
     h0.wait().assert_code(0);
     first.wait().assert_code(0);
-    assert_eq!(etcd.keys_with_prefix("lockrun:{job}"), Vec::<String>::new());
-    assert_eq!(etcd.lease_count(), 0, "a lease was left behind");
+    assert_eq!(etcd.keys_with_prefix("lockrun:{job}"), RECORDS);
+    assert_eq!(etcd.keys_on_leases(), [RECORDS], "a key was left behind");
 }
 
 #[test]

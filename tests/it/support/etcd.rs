@@ -246,6 +246,98 @@ impl EtcdServer {
         out.lines().skip(1).filter(|l| !l.trim().is_empty()).count()
     }
 
+    /// The IDs of the leases that exist.
+    pub fn leases(&self) -> Vec<u64> {
+        let out = self.etcdctl(&["lease", "list"]);
+        out.lines()
+            .skip(1)
+            .filter_map(|l| u64::from_str_radix(l.trim(), 16).ok())
+            .collect()
+    }
+
+    /// The keys attached to lease `id` (none when it holds none or is gone; keys with
+    /// no space in them, as every key of lockrun under the tests' prefixes).
+    pub fn lease_keys(&self, id: u64) -> Vec<String> {
+        let out = self.etcdctl(&["lease", "timetolive", &format!("{id:x}"), "--keys"]);
+        let Some((_, rest)) = out.split_once("attached keys([") else {
+            return Vec::new();
+        };
+        let inside = rest.split_once("])").map_or(rest, |(keys, _)| keys);
+        inside.split_whitespace().map(str::to_owned).collect()
+    }
+
+    /// Every lease that holds keys, with its keys, sorted: what is left once every
+    /// lease that holds nothing (a released holder's, until its TTL ends) is set aside.
+    pub fn leases_with_keys(&self) -> Vec<(u64, Vec<String>)> {
+        self.leases()
+            .into_iter()
+            .map(|id| {
+                let mut keys = self.lease_keys(id);
+                keys.sort();
+                (id, keys)
+            })
+            .filter(|(_, keys)| !keys.is_empty())
+            .collect()
+    }
+
+    /// The keys of [`EtcdServer::leases_with_keys`], one list per lease, sorted.
+    pub fn keys_on_leases(&self) -> Vec<Vec<String>> {
+        let mut all: Vec<Vec<String>> = self
+            .leases_with_keys()
+            .into_iter()
+            .map(|(_, k)| k)
+            .collect();
+        all.sort();
+        all
+    }
+
+    /// One HTTP/1.0 request to the client port (plain HTTP: etcd serves its metrics
+    /// and a JSON gateway to its API there too); the whole answer.
+    fn http(&self, request: &str) -> String {
+        use std::io::Read;
+        assert!(self.tls.is_none(), "plain HTTP only");
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", self.port))
+            .expect("connect to etcd's client port");
+        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        conn.write_all(request.as_bytes())
+            .expect("send etcd an HTTP request");
+        let mut text = String::new();
+        conn.read_to_string(&mut text).expect("read etcd's answer");
+        text
+    }
+
+    /// Grants a lease of `ttl` seconds with the ID `id` (which etcdctl cannot choose:
+    /// through etcd's JSON gateway).
+    pub fn grant_lease(&self, id: u64, ttl: u64) {
+        let body = format!(r#"{{"TTL": {ttl}, "ID": {id}}}"#);
+        let answer = self.http(&format!(
+            "POST /v3/lease/grant HTTP/1.0\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ));
+        assert!(
+            answer.contains(r#""ID""#),
+            "lease {id:x} not granted: {answer}"
+        );
+    }
+
+    /// How many calls of each gRPC method the server has started, by method name
+    /// (`Txn`, `LeaseGrant`, ...; those never called left out), from its `/metrics`.
+    pub fn grpc_calls(&self) -> std::collections::BTreeMap<String, u64> {
+        let text = self.http("GET /metrics HTTP/1.0\r\n\r\n");
+        let mut calls = std::collections::BTreeMap::new();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("grpc_server_started_total{grpc_method=\"") else {
+                continue;
+            };
+            let (method, _) = rest.split_once('"').expect("a method name");
+            let count: u64 = line.rsplit(' ').next().unwrap().parse().expect("a count");
+            if count > 0 {
+                calls.insert(method.to_owned(), count);
+            }
+        }
+        calls
+    }
+
     /// Creates user `root` with `password` and turns authentication on.
     pub fn enable_auth(&mut self, password: &str) {
         self.etcdctl(&[

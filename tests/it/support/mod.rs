@@ -13,7 +13,8 @@
 //!   back requests, traffic watching); `clock`: the boot clock and a fake wall clock;
 //! - `backends`: every backend behind one interface, for the conformance suite (the
 //!   file backend too, with no server: a temporary directory);
-//! - `history`: the one mutual-exclusion and fencing checker;
+//! - `history`: the one mutual-exclusion and fencing checker; `run_records`: a run's
+//!   token and how `status` shows its record;
 //! - `ping`: a recording HTTP(S) server and a CONNECT proxy for `--ping`;
 //! - `serial`: which tests may run side by side; `freezer`: a process frozen as a paused
 //!   virtual machine leaves it (SIGSTOP no longer does: lockrun is continued at its
@@ -41,6 +42,7 @@ mod process;
 mod proxy;
 mod redis;
 mod refusal;
+mod run_records;
 mod scratch;
 mod sentinel;
 mod serial;
@@ -73,11 +75,12 @@ pub use process::*;
 pub use proxy::{Mode, Proxy, Watch, Watcher};
 pub use redis::{fence_key, limit_key, lock_key, slot_key, waiter_key, RedisServer};
 pub use refusal::Refusal;
+pub use run_records::{assert_last_run, last_run_line, recording, run_recorded, status_json};
 pub use scratch::{wait_line, wait_pid, Scratch};
 pub use sentinel::{Security, Sentinel};
 pub use serial::alone;
 pub use tls::{TestCa, TlsFiles};
-pub use zookeeper::{ZkEnsemble, ZkServer};
+pub use zookeeper::{ZkEnsemble, ZkExtras, ZkServer};
 
 /// Upper bound for waits that should finish in well under a second on an idle machine.
 pub const WAIT: Duration = Duration::from_secs(20);

@@ -36,17 +36,36 @@ pub struct ZkServer {
     spawned: u32,
     /// A standalone server's own directory (an ensemble keeps its members').
     _owned: Option<TempDir>,
+    extra: ZkExtras,
+}
+
+/// What a standalone server of a test may run with beyond the defaults.
+#[derive(Clone, Debug, Default)]
+pub struct ZkExtras {
+    /// `extendedTypesEnabled=true`: the server keeps TTL nodes (and removes each once
+    /// its TTL passed without a write), checking its TTL and container nodes every
+    /// 100 ms instead of every minute.
+    pub ttl_nodes: bool,
+    /// The server's wall clock (libfaketime; its session timeouts are on the monotonic
+    /// clock, left alone): a TTL node's age is the wall time since its last write.
+    pub clock: Option<Vec<(String, String)>>,
 }
 
 impl ZkServer {
     /// Starts a standalone server and waits until it serves.
     pub fn start() -> ZkServer {
+        Self::start_with(ZkExtras::default())
+    }
+
+    /// Starts a standalone server with `extra` and waits until it serves.
+    pub fn start_with(extra: ZkExtras) -> ZkServer {
         serial::side_by_side();
         let dir = tempdir();
         let mut last_err = String::new();
         // A free port can be taken by someone else before the server binds it.
         for _ in 0..5 {
             let mut server = ZkServer::new(dir.path(), free_port(), Vec::new(), 0);
+            server.extra = extra.clone();
             match server.spawn().and_then(|()| server.wait_serving()) {
                 Ok(()) => {
                     server._owned = Some(dir);
@@ -71,6 +90,7 @@ impl ZkServer {
             child: None,
             spawned: 0,
             _owned: None,
+            extra: ZkExtras::default(),
         }
     }
 
@@ -85,6 +105,10 @@ impl ZkServer {
         for peer in &self.peers {
             cfg.push_str(peer);
             cfg.push('\n');
+        }
+        if self.extra.ttl_nodes {
+            // Set as the system property zookeeper.extendedTypesEnabled.
+            cfg.push_str("extendedTypesEnabled=true\n");
         }
         cfg
     }
@@ -101,7 +125,14 @@ impl ZkServer {
         fs::write(&cfg, self.config()).map_err(|e| e.to_string())?;
         let log = fs::File::create(self.dir.join(format!("zk-{}.log", self.spawned)))
             .map_err(|e| e.to_string())?;
-        let child = Command::new("java")
+        let mut java = Command::new("java");
+        if self.extra.ttl_nodes {
+            java.arg("-Dznode.container.checkIntervalMs=100");
+        }
+        if let Some(clock) = &self.extra.clock {
+            java.envs(clock.iter().map(|(k, v)| (k, v)));
+        }
+        let child = java
             .args(["-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"])
             .args([
                 "-cp",
@@ -222,6 +253,58 @@ impl ZkServer {
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(out.status.success(), "zkCli.sh {args:?} failed: {text}");
         text
+    }
+
+    /// How many nodes the server holds (`srvr`), its own under `/zookeeper` included.
+    pub fn node_count(&self) -> usize {
+        let srvr = self.four("srvr");
+        let count = srvr.lines().find_map(|l| l.strip_prefix("Node count: "));
+        count
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no node count in srvr: {srvr}"))
+    }
+
+    /// The transactions the server logged, one entry each (`session 0x... cxid ...
+    /// zxid ... TYPE ...`, as ZooKeeper's `TxnLogToolkit` prints them, data included:
+    /// a multi-request is one entry listing its operations), oldest first.
+    pub fn txns(&self) -> Vec<String> {
+        let logs = self.dir.join("data/version-2");
+        let mut files: Vec<PathBuf> = fs::read_dir(&logs)
+            .expect("the server's log directory")
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("log."))
+            })
+            .collect();
+        files.sort();
+        let mut txns: Vec<String> = Vec::new();
+        for file in files {
+            let out = Command::new("java")
+                .args([
+                    "-cp",
+                    JAR,
+                    "org.apache.zookeeper.server.persistence.TxnLogToolkit",
+                ])
+                .arg(&file)
+                .stdin(Stdio::null())
+                .output()
+                .expect("run ZooKeeper's TxnLogToolkit");
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let body = text
+                .lines()
+                .filter(|l| !l.starts_with("ZooKeeper Transactional") && !l.starts_with("EOF "));
+            for line in body {
+                match (line.contains(" session 0x"), txns.last_mut()) {
+                    (true, _) => txns.push(line.to_owned()),
+                    // A value or an ACL list that holds a line break.
+                    (false, Some(last)) => last.push_str(line),
+                    (false, None) => {}
+                }
+            }
+        }
+        txns
     }
 
     /// The paths each session watches (`wchc`), one list per session that watches any.

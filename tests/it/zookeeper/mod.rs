@@ -5,9 +5,11 @@
 //! the chroot; and semaphores (`--slots`): the slot nodes, the waiter at the boundary
 //! watching every holder ahead and the others one node, racing runs never two on a
 //! slot, a conflicting N refused, the hold node of each slot. The contract every
-//! backend keeps is tested in the conformance suite.
+//! backend keeps is tested in the conformance suite. Beside it: `hostile` (servers that
+//! misbehave) and `records` (the last run's record node and its expiry).
 
 mod hostile;
+mod records;
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -645,9 +647,10 @@ fn each_slot_keeps_its_own_hold_node() {
         .filter_map(|h| h["slot"].as_u64())
         .collect();
     assert_eq!(slots, vec![0], "only slot 0's hold keeps it: {v}");
-    // The run on slot 1 removed the hold it found over; slot 0's stays until it ends.
+    // The run on slot 1 removed the hold it found over; slot 0's stays until it ends
+    // (beside the record of the last run and of the last success).
     let listed = zk.cli(&["ls", "/lockrun:/pool"]);
-    assert!(listed.contains("[hold]"), "{listed}");
+    assert!(listed.contains("[hold, last, ok]"), "{listed}");
 }
 
 #[test]

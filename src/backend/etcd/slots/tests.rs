@@ -114,6 +114,21 @@ fn waiter_keys_are_a_range_of_their_own_after_the_slots() {
 }
 
 #[test]
+fn the_record_key_lies_outside_every_range_a_take_reads_or_compares() {
+    for k in [job(), plain()] {
+        assert_eq!(k.record_key(), "lockrun:{job}:last");
+        assert_eq!(k.ok_key(), "lockrun:{job}:ok");
+        for r in [k.record_key().into_bytes(), k.ok_key().into_bytes()] {
+            assert!(r.as_slice() >= job().read_end().as_slice() && r > k.end());
+            assert_eq!((k.slot_of(&r), k.is_waiter(&r)), (None, false));
+            let mut stray = kv(0, PLAIN, 3);
+            stray.key = r;
+            assert_eq!(k.read([stray]), Read::default());
+        }
+    }
+}
+
+#[test]
 fn a_waiters_place_counts_those_who_queued_before_it() {
     let queue = [waiter(1, 30), waiter(2, 10), waiter(3, 20), waiter(4, 50)];
     let ours = job().waiter_key(3).into_bytes();
