@@ -14,7 +14,8 @@
 //! - `backends`: every backend behind one interface, for the conformance suite (the
 //!   file backend too, with no server: a temporary directory);
 //! - `history`: the one mutual-exclusion and fencing checker;
-//! - `serial`: which tests may run side by side.
+//! - `serial`: which tests may run side by side; `ready`: a server is ready when it
+//!   answers, not when its log says so.
 //!
 //! Rules every helper keeps, so that tests can run in parallel on a small noisy machine:
 //! - every test gets its own servers (never the machine's Redis on 6379 or PostgreSQL on 5432);
@@ -34,6 +35,7 @@ mod pg;
 mod pgbouncer;
 mod process;
 mod proxy;
+mod ready;
 mod redis;
 mod refusal;
 mod scratch;
