@@ -374,7 +374,7 @@ fn spawn_redis(
     setup: &Setup,
 ) -> Result<Child, String> {
     let log = dir.join(format!("redis-{port}.log"));
-    let mut cmd = Command::new("redis-server");
+    let mut cmd = Command::new(server_program());
     cmd.arg("--port")
         .arg(port.to_string())
         .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -432,4 +432,29 @@ fn redis_answers(port: u16) -> bool {
         Ok(n) if n > 0 => buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"),
         _ => false,
     }
+}
+
+/// The server program the tests start for Redis, Sentinel and Cluster nodes:
+/// `redis-server`, or `valkey-server` when `LOCKRUN_TEST_VALKEY` is set (scripts/test
+/// runs the Redis conformance and deployment tests a second time so, where Valkey is
+/// installed).
+pub fn server_program() -> &'static str {
+    if valkey() {
+        "valkey-server"
+    } else {
+        "redis-server"
+    }
+}
+
+/// The command-line client of [`server_program`]: `redis-cli` or `valkey-cli`.
+pub fn cli_program() -> &'static str {
+    if valkey() {
+        "valkey-cli"
+    } else {
+        "redis-cli"
+    }
+}
+
+fn valkey() -> bool {
+    std::env::var_os("LOCKRUN_TEST_VALKEY").is_some_and(|v| !v.is_empty() && v != "0")
 }
