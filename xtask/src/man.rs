@@ -209,8 +209,9 @@ pub fn man_page(sections: &str) -> String {
         ".TH LOCKRUN 1 \"\" \"lockrun {version}\" \"User Commands\"\n"
     ));
     // No hyphenation and a ragged right margin: option names stay whole, long URLs do
-    // not stretch lines.
-    out.push_str(".nh\n.ad l\n");
+    // not stretch lines. groff 1.23's man macros set the margin anew at each paragraph
+    // from string AD (`b` unless set: "cannot adjust line" on the long URL lines).
+    out.push_str(".nh\n.ad l\n.ds AD l\n");
     part(&mut out, |w| man.render_name_section(w));
     let subs = [run.clone(), others[0].clone(), others[1].clone()];
     part(&mut out, |w| synopsis(&subs).to_writer(w));

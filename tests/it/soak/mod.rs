@@ -41,7 +41,7 @@
 //! A replay repeats the schedule of faults and of the workers' choices, not the exact
 //! interleaving (the machine decides that), so a rare failure may need a few runs.
 //!
-//! Needs `redis-server`, `perl` and Debian's `faketime` (libfaketime).
+//! Needs `redis-server` (or `valkey-server`) and `perl`.
 
 mod check;
 mod checker_tests;

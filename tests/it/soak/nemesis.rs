@@ -103,8 +103,8 @@ impl Rig {
             }
             _ => {
                 let by = rng.ms(300, 3000);
-                let offset = self.clock.jump_forward(by);
-                format!("+{by:?} (offset {offset:?})")
+                let moved = self.redis.lock().unwrap().jump_clock(by);
+                format!("+{by:?} ({moved} keys' expiry)")
             }
         }
     }

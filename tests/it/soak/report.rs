@@ -195,7 +195,8 @@ pub enum Fault {
     StuckRequests,
     /// SIGSTOP of one lockrun, SIGCONT at the end.
     PauseLockrun,
-    /// The redis-server's wall clock jumps forward.
+    /// The redis-server's wall clock jumps forward (as its keys see it: they expire
+    /// that much sooner).
     ClockJump,
     /// SIGKILL of one lockrun (`kill -9`, the OOM killer): its job must die with it.
     KillLockrun,

@@ -1,4 +1,4 @@
-//! The soak's rig: the lock's `redis-server` on a fake clock behind the recording tap,
+//! The soak's rig: the lock's `redis-server` behind the recording tap,
 //! the fenced store, the listener the critical sections report to, and the workers that
 //! run lockrun after lockrun (with the phase's `--slots`); then, at the end, everything
 //! the checker needs.
@@ -43,7 +43,6 @@ const HUNG_AFTER: Duration = Duration::from_secs(60);
 pub(super) struct Rig {
     /// The phase's `--slots`.
     pub(super) slots: u32,
-    pub(super) clock: FakeClock,
     pub(super) redis: Mutex<RedisServer>,
     store: RedisServer,
     sha: String,
@@ -83,14 +82,12 @@ pub(super) fn soak(phase: Phase, seed: u64, secs: u64) -> (Report, Duration) {
 
 impl Rig {
     fn new(slots: u32) -> Rig {
-        let clock = FakeClock::new();
-        let redis = RedisServer::with_env(&clock.env());
+        let redis = RedisServer::start();
         let store = RedisServer::start();
         let sha: String = store.query(redis::cmd("SCRIPT").arg("LOAD").arg(STORE_CAS));
         let tap = Tap::start(redis.port());
         Rig {
             slots,
-            clock,
             redis: Mutex::new(redis),
             store,
             sha,

@@ -18,7 +18,8 @@ pub fn boottime() -> Duration {
     Duration::from(ts)
 }
 
-/// A wall clock that a test can jump, for one `redis-server`: Debian's libfaketime
+/// A wall clock that a test can jump, for the servers it starts (PostgreSQL; the soak's
+/// Redis jumps its keys' expiry instead, `RedisServer::jump_clock`): Debian's libfaketime
 /// (package `faketime`) preloaded with a timestamp file that is read on every clock call
 /// (`FAKETIME_NO_CACHE=1`), so the offset of a running server changes the moment the file
 /// does. Only the wall clock moves (`FAKETIME_DONT_FAKE_MONOTONIC=1`): key expiry and

@@ -46,7 +46,7 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
-        let out = Command::new("redis-cli")
+        let out = Command::new(super::redis::cli_program())
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "1", "--cluster-yes"])

@@ -7,6 +7,7 @@
 
 use std::fs::{self, File};
 use std::io::Write;
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -14,10 +15,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use tempfile::TempDir;
 
+use super::ready::{wait_ready, NotReady};
 use super::{free_port, serial, signal_pid, TlsFiles, WAIT};
-
-/// How long a fresh etcd may take to elect itself and serve.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// An `etcd` process of this test's own.
 pub struct EtcdServer {
@@ -72,7 +71,8 @@ impl EtcdServer {
             let _ = fs::remove_dir_all(etcd.data());
             match etcd.spawn() {
                 Ok(()) => return etcd,
-                Err(e) => last_err = e,
+                Err(NotReady::Exited(e)) => last_err = e,
+                Err(e) => panic!("could not start etcd: {}", e.message()),
             }
         }
         panic!("could not start etcd: {last_err}");
@@ -86,7 +86,8 @@ impl EtcdServer {
         while start.elapsed() < WAIT {
             match self.spawn() {
                 Ok(()) => return,
-                Err(e) => last_err = e,
+                Err(NotReady::Exited(e)) => last_err = e,
+                Err(e) => panic!("could not restart etcd: {}", e.message()),
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -97,11 +98,27 @@ impl EtcdServer {
         self.dir.path().join("data")
     }
 
-    fn spawn(&mut self) -> Result<(), String> {
+    /// Starts etcd on `self.port`; ready once it answers etcdctl's health check (a read
+    /// of key `health`, which etcd answers once it has a leader; a permission refused
+    /// by authentication counts as an answer).
+    fn spawn(&mut self) -> Result<(), NotReady> {
         self.spawned += 1;
         let log = self.dir.path().join(format!("etcd-{}.log", self.spawned));
         let (port, peer, tls) = (self.port, self.peer, self.tls.as_ref());
-        self.child = Some(spawn_etcd(&self.data(), &log, port, peer, tls)?);
+        let mut child =
+            spawn_etcd(&self.data(), &log, port, peer, tls).map_err(NotReady::Exited)?;
+        let every = Duration::from_millis(50);
+        wait_ready("etcd", &mut child, &log, every, || {
+            // etcdctl only once something listens: its dial would wait out its timeout.
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+                && self
+                    .etcdctl_command(&["--dial-timeout=2s", "endpoint", "health"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+        })?;
+        self.child = Some(child);
         Ok(())
     }
 
@@ -414,13 +431,10 @@ fn spawn_etcd(
 ) -> Result<Child, String> {
     let log = File::create(log_path).map_err(|e| e.to_string())?;
     let mut cmd = Command::new("etcd");
-    let (client, listen, serving) = match tls {
+    let (client, listen) = match tls {
         None => {
             let client = format!("http://127.0.0.1:{port}");
-            let serving = vec![format!(
-                "serving insecure client requests on 127.0.0.1:{port}"
-            )];
-            (client.clone(), client, serving)
+            (client.clone(), client)
         }
         Some(files) => {
             let file = |name: &str| files.path(name).display().to_string();
@@ -431,17 +445,13 @@ fn spawn_etcd(
                     .arg(format!("--trusted-ca-file={}", file("ca.pem")));
             }
             let client = format!("https://127.0.0.1:{port}");
+            // etcd binds both listeners before it serves either.
             let listen = format!("{client},https://127.0.0.2:{port}");
-            // etcd 3.4 says so for each TLS listener (for a plain one, "insecure" comes
-            // before "client").
-            let serving = ["127.0.0.1", "127.0.0.2"]
-                .map(|ip| format!("serving client requests on {ip}:{port}"))
-                .to_vec();
-            (client, listen, serving)
+            (client, listen)
         }
     };
     let peer = format!("http://127.0.0.1:{peer}");
-    let mut child = cmd
+    let child = cmd
         .arg("--name=t")
         .arg(format!("--data-dir={}", data.display()))
         .arg(format!("--listen-client-urls={listen}"))
@@ -454,22 +464,5 @@ fn spawn_etcd(
         .stderr(log)
         .spawn()
         .map_err(|e| format!("spawn etcd: {e}"))?;
-    let start = Instant::now();
-    loop {
-        let text = fs::read_to_string(log_path).unwrap_or_default();
-        if serving.iter().all(|line| text.contains(line)) {
-            return Ok(child);
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!("etcd exited with {status}: {text}"));
-        }
-        if start.elapsed() > START_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!(
-                "etcd did not serve within {START_TIMEOUT:?}: {text}"
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    Ok(child)
 }

@@ -16,7 +16,8 @@
 //! - `history`: the one mutual-exclusion and fencing checker; `run_records`: a run's
 //!   token and how `status` shows its record;
 //! - `ping`: a recording HTTP(S) server and a CONNECT proxy for `--ping`;
-//! - `serial`: which tests may run side by side; `freezer`: a process frozen as a paused
+//! - `serial`: which tests may run side by side; `ready`: a server is ready when it
+//!   answers, not when its log says so; `freezer`: a process frozen as a paused
 //!   virtual machine leaves it (SIGSTOP no longer does: lockrun is continued at its
 //!   lease deadline).
 //!
@@ -40,6 +41,7 @@ mod pgbouncer;
 mod ping;
 mod process;
 mod proxy;
+mod ready;
 mod redis;
 mod refusal;
 mod run_records;

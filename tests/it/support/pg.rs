@@ -382,7 +382,8 @@ impl PrivatePg {
         panic!("could not start a private PostgreSQL: {}", self.log());
     }
 
-    /// Starts the server on `self.port`; true once it accepts connections.
+    /// Starts the server on `self.port`; true once it accepts connections, false if it
+    /// exits first (its port was taken, say); panics if it does not answer.
     fn spawn(&mut self) -> bool {
         let mut cmd = Command::new(server_bin().join("postgres"));
         cmd.arg("-D")
@@ -411,7 +412,12 @@ impl PrivatePg {
         }
         let _ = child.kill();
         let _ = child.wait();
-        false
+        // It ran but never answered: another port would not help.
+        panic!(
+            "PostgreSQL on port {} did not answer within {WAIT:?}; its log ends:\n{}",
+            self.port,
+            super::ready::last_lines(&self.log_path(), 15)
+        );
     }
 
     fn log_path(&self) -> PathBuf {

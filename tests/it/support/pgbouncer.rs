@@ -94,7 +94,7 @@ impl PgBouncer {
     }
 
     /// Writes the configuration for `self.port` and starts PgBouncer; true once it
-    /// accepts connections.
+    /// accepts connections, false if it exits first; panics if it does not answer.
     fn spawn(&mut self) -> bool {
         let databases: String = [Pool::Transaction, Pool::Session, Pool::Statement]
             .iter()
@@ -146,7 +146,12 @@ impl PgBouncer {
         }
         let _ = child.kill();
         let _ = child.wait();
-        false
+        // It ran but never answered: another port would not help.
+        panic!(
+            "PgBouncer on port {} did not answer within {WAIT:?}; its log ends:\n{}",
+            self.port,
+            super::ready::last_lines(&self.path("pgbouncer.log"), 15)
+        );
     }
 
     /// The URL of the cluster's database through the pool `pool`.

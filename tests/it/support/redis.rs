@@ -61,15 +61,6 @@ impl RedisServer {
         })
     }
 
-    /// Starts a server with extra environment variables (for instance `LD_PRELOAD` of
-    /// libfaketime, see `FakeClock`); a [`RedisServer::restart`] keeps them.
-    pub fn with_env(env: &[(String, String)]) -> Self {
-        Self::start_with(Setup {
-            env: env.to_vec(),
-            ..Setup::default()
-        })
-    }
-
     /// Starts a server with extra command line arguments (`--replicaof HOST PORT`, ...);
     /// a [`RedisServer::restart`] keeps them.
     pub fn with_args(args: &[String]) -> Self {
@@ -281,6 +272,26 @@ impl RedisServer {
         let _: () = self.query(&redis::cmd("FLUSHALL"));
     }
 
+    /// The server's wall clock jumps `by` forward, as its keys see it: every key with a
+    /// time to live expires `by` sooner (at once if that is past), in one script, so no
+    /// request comes between two keys. Without preloading into the server (libfaketime
+    /// crashes or hangs Redis 8 at start) and on Redis 7.0 on and Valkey alike
+    /// (`PEXPIRETIME`). `TIME` does not move. Returns how many keys moved.
+    pub fn jump_clock(&self, by: Duration) -> i64 {
+        const JUMP: &str = "local n = 0
+            for _, k in ipairs(redis.call('KEYS', '*')) do
+              local at = redis.call('PEXPIRETIME', k)
+              if at > 0 then redis.call('PEXPIREAT', k, at - tonumber(ARGV[1])); n = n + 1 end
+            end
+            return n";
+        self.query(
+            redis::cmd("EVAL")
+                .arg(JUMP)
+                .arg(0)
+                .arg(by.as_millis() as u64),
+        )
+    }
+
     /// True when `key` exists.
     pub fn exists(&self, key: &str) -> bool {
         let n: i64 = self.query(redis::cmd("EXISTS").arg(key));
@@ -374,7 +385,7 @@ fn spawn_redis(
     setup: &Setup,
 ) -> Result<Child, String> {
     let log = dir.join(format!("redis-{port}.log"));
-    let mut cmd = Command::new("redis-server");
+    let mut cmd = Command::new(server_program());
     cmd.arg("--port")
         .arg(port.to_string())
         .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -432,4 +443,29 @@ fn redis_answers(port: u16) -> bool {
         Ok(n) if n > 0 => buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"),
         _ => false,
     }
+}
+
+/// The server program the tests start for Redis, Sentinel and Cluster nodes:
+/// `redis-server`, or `valkey-server` when `LOCKRUN_TEST_VALKEY` is set (scripts/test
+/// runs the Redis conformance and deployment tests a second time so, where Valkey is
+/// installed).
+pub fn server_program() -> &'static str {
+    if valkey() {
+        "valkey-server"
+    } else {
+        "redis-server"
+    }
+}
+
+/// The command-line client of [`server_program`]: `redis-cli` or `valkey-cli`.
+pub fn cli_program() -> &'static str {
+    if valkey() {
+        "valkey-cli"
+    } else {
+        "redis-cli"
+    }
+}
+
+fn valkey() -> bool {
+    std::env::var_os("LOCKRUN_TEST_VALKEY").is_some_and(|v| !v.is_empty() && v != "0")
 }

@@ -119,7 +119,7 @@ impl Sentinel {
         }
         let conf = dir.path().join("sentinel.conf");
         std::fs::write(&conf, conf_text).expect("write sentinel.conf");
-        let sentinel = Command::new("redis-server")
+        let sentinel = Command::new(super::redis::server_program())
             .arg(&conf)
             .arg("--sentinel")
             .stdin(Stdio::null())

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use tempfile::TempDir;
 
+use super::ready::last_lines;
 use super::{free_port, serial, signal_pid, WAIT};
 
 /// Where Debian's package puts ZooKeeper (its manifest names the other jars it needs).
@@ -156,13 +157,21 @@ impl ZkServer {
             if self.mode().is_some() {
                 return Ok(());
             }
+            let path = self.dir.join(format!("zk-{}.log", self.spawned));
+            let log = || last_lines(&path, 15);
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
                 self.child = None;
-                return Err(format!("ZooKeeper exited with {status}"));
+                return Err(format!(
+                    "ZooKeeper exited with {status}; its log ends:\n{}",
+                    log()
+                ));
             }
             if start.elapsed() > START_TIMEOUT {
                 self.kill();
-                return Err(format!("ZooKeeper did not serve within {START_TIMEOUT:?}"));
+                return Err(format!(
+                    "ZooKeeper did not serve within {START_TIMEOUT:?}; its log ends:\n{}",
+                    log()
+                ));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
