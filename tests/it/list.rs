@@ -72,6 +72,16 @@ fn on_postgres() {
 }
 
 #[test]
+fn on_etcd() {
+    lists_what_ran_and_what_is_held(&Backend::new(EtcdServer::start()));
+}
+
+#[test]
+fn on_zookeeper() {
+    lists_what_ran_and_what_is_held(&Backend::new(ZkServer::start()));
+}
+
+#[test]
 fn on_redis() {
     lists_what_ran_and_what_is_held(&Backend::new(RedisServer::start()));
 }

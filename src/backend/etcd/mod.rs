@@ -73,6 +73,7 @@
 //! so building lockrun needs no `protoc`.
 
 mod errors;
+mod names;
 mod record;
 mod recorded;
 mod requests;
@@ -305,6 +306,10 @@ impl Backend for EtcdBackend {
     async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
         let (read, _) = self.read(&self.keys(name)).await?;
         self.holders(read.held, true).await
+    }
+
+    async fn names(&self) -> Result<Vec<String>, BackendError> {
+        self.names_under_prefix().await
     }
 
     async fn last_run(&self, name: &str) -> Result<Option<RunRecord>, BackendError> {

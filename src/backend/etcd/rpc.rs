@@ -130,6 +130,23 @@ impl Client {
         let req = wire::RangeRequest {
             key: key.to_vec(),
             range_end: range_end.to_vec(),
+            ..Default::default()
+        };
+        self.unary(path::RANGE, req).await
+    }
+
+    /// `KV.Range` of at most `limit` keys in `[key, range_end)`, without values.
+    pub async fn range_keys(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        limit: i64,
+    ) -> Result<wire::RangeResponse, RpcError> {
+        let req = wire::RangeRequest {
+            key: key.to_vec(),
+            range_end: range_end.to_vec(),
+            limit,
+            keys_only: true,
         };
         self.unary(path::RANGE, req).await
     }

@@ -90,6 +90,12 @@ pub struct RangeRequest {
     /// The end of the range, excluded; empty: `key` alone.
     #[prost(bytes = "vec", tag = "2")]
     pub range_end: Vec<u8>,
+    /// At most this many keys (0: no limit).
+    #[prost(int64, tag = "3")]
+    pub limit: i64,
+    /// The keys only, without their values.
+    #[prost(bool, tag = "8")]
+    pub keys_only: bool,
 }
 
 /// `RangeResponse`.
@@ -286,6 +292,7 @@ impl RequestOp {
         RequestOp::from(Request::Range(RangeRequest {
             key: key.as_ref().to_vec(),
             range_end: range_end.as_ref().to_vec(),
+            ..Default::default()
         }))
     }
 

@@ -54,6 +54,28 @@ pub fn encode(s: &str) -> String {
     }
 }
 
+/// The name a node name of [`encode`]'s spelling stands for; `None` for any other
+/// spelling (a node lockrun did not name).
+pub fn decode(node: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(node.len());
+    let mut it = node.bytes();
+    while let Some(b) = it.next() {
+        if b == b'%' {
+            let hex = [it.next()?, it.next()?];
+            bytes.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+        } else {
+            bytes.push(b);
+        }
+    }
+    let s = String::from_utf8(bytes).ok()?;
+    (encode(&s) == node).then_some(s)
+}
+
+/// The directory of every lock under `prefix` (each lock is a directory in it).
+pub fn prefix_dir(prefix: &str) -> String {
+    format!("/{}", encode(prefix))
+}
+
 /// The directory of lock `name` under `prefix`.
 pub fn lock_dir(prefix: &str, name: &str) -> String {
     format!("/{}/{}", encode(prefix), encode(name))
@@ -236,6 +258,16 @@ pub fn hold_from(value: &[u8], created_ms: i64, server_now_ms: i64) -> (Holder, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_names_read_back_in_lockruns_spelling_only() {
+        for name in ["job", "team/job", "a%2Fb", "zookeeper", "é", "x:y.z_1-2"] {
+            assert_eq!(decode(&encode(name)).as_deref(), Some(name));
+        }
+        assert_eq!(decode("team%2fjob"), None);
+        assert_eq!(decode("a%2"), None);
+        assert_eq!(decode("zookeeper"), None);
+    }
 
     #[test]
     fn names_and_prefixes_become_one_node_name_each() {

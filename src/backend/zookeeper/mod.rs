@@ -385,6 +385,13 @@ impl Backend for ZkBackend {
             .collect())
     }
 
+    async fn names(&self) -> Result<Vec<String>, BackendError> {
+        let client = self.session(ADMIN_SESSION).await?;
+        let under = layout::prefix_dir(&self.key_prefix);
+        let children = self.children(&client, &under).await?;
+        Ok(children.iter().filter_map(|c| layout::decode(c)).collect())
+    }
+
     async fn last_run(&self, name: &str) -> Result<Option<RunRecord>, BackendError> {
         let client = self.session(ADMIN_SESSION).await?;
         self.read_record(&client, &self.dir(name)).await
