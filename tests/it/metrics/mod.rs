@@ -4,6 +4,7 @@
 //! directory can put in the way (symlinks, a FIFO, a huge file) is in `hostile`.
 
 mod hostile;
+mod packaging;
 
 use std::collections::HashMap;
 use std::path::Path;
