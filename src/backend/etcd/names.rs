@@ -3,6 +3,7 @@
 //! Part of [`super`].
 
 use super::EtcdBackend;
+use crate::backend::keys::name_of;
 use crate::backend::BackendError;
 
 /// Keys read in one request.
@@ -36,33 +37,5 @@ impl EtcdBackend {
                 _ => return Ok(names),
             }
         }
-    }
-}
-
-/// The lock name of key `key` under `prefix` (`P{NAME}`, `P{NAME}#i`, `P{NAME}:...`:
-/// a name holds no brace, so the first `}` closes it), if it is one.
-fn name_of(prefix: &str, key: &str) -> Option<String> {
-    let rest = key.strip_prefix(prefix)?.strip_prefix('{')?;
-    let (name, _) = rest.split_once('}')?;
-    (!name.is_empty()).then(|| name.to_owned())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_key_of_a_lock_gives_its_name() {
-        assert_eq!(name_of("lockrun:", "lockrun:{job}").as_deref(), Some("job"));
-        assert_eq!(
-            name_of("lockrun:", "lockrun:{a/b}#2").as_deref(),
-            Some("a/b")
-        );
-        assert_eq!(
-            name_of("lockrun:", "lockrun:{j}:last").as_deref(),
-            Some("j")
-        );
-        assert_eq!(name_of("lockrun:", "lockrun:job"), None);
-        assert_eq!(name_of("lockrun:", "other:{job}"), None);
     }
 }

@@ -27,7 +27,7 @@ pub const SCRIPT_COMMANDS: [&str; 17] = [
 
 /// `prefix` with the characters Redis glob patterns treat specially escaped, for a
 /// key prefix that holds them.
-fn glob_escape(prefix: &str) -> String {
+pub(super) fn glob_escape(prefix: &str) -> String {
     let mut out = String::with_capacity(prefix.len());
     for c in prefix.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {

@@ -106,6 +106,11 @@ impl Router {
         self.state().follow
     }
 
+    /// Whether it is known to be a Cluster (`redis+cluster://`, or a redirection seen).
+    pub fn is_cluster(&self) -> bool {
+        self.state().cluster
+    }
+
     /// The node to connect to first, then the others, without repeats.
     fn candidates(&self) -> Vec<Node> {
         let s = self.state();

@@ -269,3 +269,29 @@ fn a_key_or_channel_pattern_missing_from_the_rule_is_named_with_its_grant() {
     );
     assert!(!s.exists("ran"), "the command ran beside the holder");
 }
+
+/// `lockrun list` needs `+scan` beyond the rule (docs/backends.md): with it, the names
+/// are listed (a user without `+cluster|slots` on a plain server lists that server);
+/// without it, one line names the permission to grant.
+#[test]
+fn list_needs_scan_and_says_so() {
+    let redis = RedisServer::start();
+    setuser(&redis, &acl::setuser_line("locker", "lockrun:"));
+    let url = url_of(&redis, "locker");
+    run(lockrun_run(&url, "job", &[], &["true"])).assert_code(0);
+    let refused = admin(&url, "list", &[]);
+    refused.assert_code(125);
+    assert!(
+        refused.stderr.to_lowercase().contains("scan"),
+        "the line does not name SCAN: {}",
+        refused.stderr
+    );
+    setuser(&redis, "ACL SETUSER locker +scan");
+    let listed = admin(&url, "list", &[]);
+    listed.assert_code(0);
+    assert!(
+        listed.stdout.starts_with("job: free; last run: "),
+        "{}",
+        listed.stdout
+    );
+}
