@@ -254,14 +254,9 @@ pub trait Backend {
     }
 
     /// Every lock name under the key prefix that may be held or have a record of its
-    /// last run (`lockrun list`), in any order; the caller asks each one for its
-    /// holders and record. A backend that cannot list names yet refuses.
-    async fn names(&self) -> Result<Vec<String>, BackendError> {
-        Err(BackendError::Refused(
-            "lockrun list cannot list the lock names of this backend yet: use lockrun status NAME"
-                .into(),
-        ))
-    }
+    /// last run (`lockrun list`), in any order, repeats allowed; the caller asks each
+    /// one for its holders and record.
+    async fn names(&self) -> Result<Vec<String>, BackendError>;
 
     /// Breaks the lock whoever holds it (every slot); returns the holders it removed.
     async fn force_release(&self, name: &str) -> Result<Vec<Holder>, BackendError>;

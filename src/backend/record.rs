@@ -85,3 +85,34 @@ pub struct LastOk {
     /// Host name of its lockrun.
     pub host: String,
 }
+
+impl RunRecord {
+    /// A record from the JSON object a backend that stores records as JSON keeps (etcd,
+    /// ZooKeeper: `host`, `pid`, `fencing_token`, `slot`, `started_ms`, `exit_status`,
+    /// `ended_by`), ended at `ended_ms`; `None` when a field is missing or out of range
+    /// (a value written by hand, or by something else). Without its last success.
+    pub fn from_json(v: &serde_json::Value, ended_ms: u64) -> Option<RunRecord> {
+        let number = |key: &str| v.get(key)?.as_u64();
+        Some(RunRecord {
+            host: v.get("host")?.as_str()?.to_owned(),
+            pid: u32::try_from(number("pid")?).ok()?,
+            fencing_token: number("fencing_token")?,
+            slot: u32::try_from(number("slot")?).ok()?,
+            started_ms: number("started_ms")?,
+            ended_ms,
+            exit_status: u8::try_from(number("exit_status")?).ok()?,
+            ended_by: v.get("ended_by")?.as_str()?.to_owned(),
+            last_ok: None,
+        })
+    }
+}
+
+impl LastOk {
+    /// A last success from a JSON object with `host` and `started_ms`.
+    pub fn from_json(v: &serde_json::Value) -> Option<LastOk> {
+        Some(LastOk {
+            host: v.get("host")?.as_str()?.to_owned(),
+            started_ms: v.get("started_ms")?.as_u64()?,
+        })
+    }
+}

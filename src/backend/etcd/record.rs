@@ -128,11 +128,7 @@ fn ok_value(value: &str) -> String {
 
 /// The last success read back from `:ok` (`None` for a value that is not one).
 pub fn ok_from(value: &[u8]) -> Option<LastOk> {
-    let v: serde_json::Value = serde_json::from_slice(value).ok()?;
-    Some(LastOk {
-        host: v.get("host")?.as_str()?.to_owned(),
-        started_ms: v.get("started_ms")?.as_u64()?,
-    })
+    LastOk::from_json(&serde_json::from_slice(value).ok()?)
 }
 
 /// The record's value: the holder described in `value` (our lock key's) that held
@@ -151,18 +147,7 @@ pub fn record_value(value: &str, (slot, fence): (u32, u64), end: RunEnd, ended_m
 /// something else): `status` then shows no last run.
 pub fn record_from(value: &[u8]) -> Option<RunRecord> {
     let v: serde_json::Value = serde_json::from_slice(value).ok()?;
-    let number = |key: &str| v.get(key)?.as_u64();
-    Some(RunRecord {
-        host: v.get("host")?.as_str()?.to_owned(),
-        pid: u32::try_from(number("pid")?).ok()?,
-        fencing_token: number("fencing_token")?,
-        slot: u32::try_from(number("slot")?).ok()?,
-        started_ms: number("started_ms")?,
-        ended_ms: number("ended_ms")?,
-        exit_status: u8::try_from(number("exit_status")?).ok()?,
-        ended_by: v.get("ended_by")?.as_str()?.to_owned(),
-        last_ok: None,
-    })
+    RunRecord::from_json(&v, v.get("ended_ms")?.as_u64()?)
 }
 
 #[cfg(test)]

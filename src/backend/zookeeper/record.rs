@@ -84,27 +84,12 @@ fn kept(value: &[u8], mtime: i64, now_ms: u64) -> Option<serde_json::Value> {
 /// seen at `now_ms`: `None` when it is not one, or is older than its `keep_ms`.
 pub fn record_from(value: &[u8], mtime: i64, now_ms: u64) -> Option<RunRecord> {
     let v = kept(value, mtime, now_ms)?;
-    let number = |key: &str| v.get(key)?.as_u64();
-    Some(RunRecord {
-        host: v.get("host")?.as_str()?.to_owned(),
-        pid: u32::try_from(number("pid")?).ok()?,
-        fencing_token: number("fencing_token")?,
-        slot: u32::try_from(number("slot")?).ok()?,
-        started_ms: number("started_ms")?,
-        ended_ms: u64::try_from(mtime).ok()?,
-        exit_status: u8::try_from(number("exit_status")?).ok()?,
-        ended_by: v.get("ended_by")?.as_str()?.to_owned(),
-        last_ok: None,
-    })
+    RunRecord::from_json(&v, u64::try_from(mtime).ok()?)
 }
 
 /// The last success in an `ok` node, as [`record_from`] reads a record.
 pub fn ok_from(value: &[u8], mtime: i64, now_ms: u64) -> Option<LastOk> {
-    let v = kept(value, mtime, now_ms)?;
-    Some(LastOk {
-        host: v.get("host")?.as_str()?.to_owned(),
-        started_ms: v.get("started_ms")?.as_u64()?,
-    })
+    LastOk::from_json(&kept(value, mtime, now_ms)?)
 }
 
 /// How a release writes a record node.

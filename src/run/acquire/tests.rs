@@ -63,6 +63,10 @@ impl Backend for Scripted {
         unreachable!("the acquire driver never breaks a lock")
     }
 
+    async fn names(&self) -> Result<Vec<String>, BackendError> {
+        unreachable!("the acquire driver never lists names")
+    }
+
     async fn wait_for_release(&self, _: &str, _: &Holder, _: Duration) -> Result<(), BackendError> {
         Ok(())
     }
