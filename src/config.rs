@@ -57,9 +57,6 @@ pub enum ConfigError {
     /// cannot be read.
     #[error("--ping: {0}")]
     Ping(String),
-    /// `--once-per` on a backend that keeps no record of the last success.
-    #[error("--once-per is not supported on {0}:// yet: it needs run records (docs/backends.md)")]
-    OncePerUnsupported(String),
     /// The password file could not be read, or holds no usable password.
     #[error("cannot use the password file {path}: {reason}")]
     PasswordFile {

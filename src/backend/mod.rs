@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-pub use record::{EndedBy, LastOk, RunEnd, RunRecord};
+pub use record::{EndedBy, LastOk, Period, RunEnd, RunRecord, Skip};
 
 /// The longest lease any backend takes: lockrun's largest `--ttl` and
 /// `--hold-at-least` ([`crate::config::bounds`]). Each backend refuses a longer one
@@ -253,6 +253,12 @@ pub trait Backend {
         Ok(None)
     }
 
+    /// `--once-per`: may the run of `token`, holding `name`, start? [`Period::ByRecords`]
+    /// (the default): the caller judges from `inspect` and `last_run` (etcd judges itself).
+    async fn once_per(&self, _: &str, _: &str, _: Duration) -> Result<Period, BackendError> {
+        Ok(Period::ByRecords)
+    }
+
     /// Every lock name under the key prefix that may be held or have a record of its
     /// last run (`lockrun list`), in any order, repeats allowed; the caller asks each
     /// one for its holders and record.
@@ -313,6 +319,7 @@ trait DynBackend {
     ) -> Call<'a, ()>;
     fn inspect<'a>(&'a self, name: &'a str) -> Call<'a, Vec<Holder>>;
     fn last_run<'a>(&'a self, name: &'a str) -> Call<'a, Option<RunRecord>>;
+    fn once_per<'a>(&'a self, name: &'a str, token: &'a str, period: Duration) -> Call<'a, Period>;
     fn names(&self) -> Call<'_, Vec<String>>;
     fn force_release<'a>(&'a self, name: &'a str) -> Call<'a, Vec<Holder>>;
     fn wait_for_release<'a>(
@@ -346,6 +353,9 @@ impl<B: Backend> DynBackend for B {
     }
     fn last_run<'a>(&'a self, name: &'a str) -> Call<'a, Option<RunRecord>> {
         Box::pin(Backend::last_run(self, name))
+    }
+    fn once_per<'a>(&'a self, name: &'a str, token: &'a str, period: Duration) -> Call<'a, Period> {
+        Box::pin(Backend::once_per(self, name, token, period))
     }
     fn names(&self) -> Call<'_, Vec<String>> {
         Box::pin(Backend::names(self))
@@ -394,6 +404,15 @@ impl Backend for AnyBackend {
 
     async fn last_run(&self, name: &str) -> Result<Option<RunRecord>, BackendError> {
         self.0.last_run(name).await
+    }
+
+    async fn once_per(
+        &self,
+        name: &str,
+        token: &str,
+        period: Duration,
+    ) -> Result<Period, BackendError> {
+        self.0.once_per(name, token, period).await
     }
 
     async fn names(&self) -> Result<Vec<String>, BackendError> {

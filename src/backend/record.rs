@@ -86,6 +86,28 @@ pub struct LastOk {
     pub host: String,
 }
 
+/// Why `--once-per` does not start a run (property 11 of docs/guarantees.md).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Skip {
+    /// A run that started within the period succeeded.
+    Succeeded(LastOk),
+    /// With `--slots`: another slot's run started earlier within the period and still
+    /// holds its slot (it may yet succeed).
+    Running(super::Holder),
+}
+
+/// A backend's own `--once-per` judgment ([`super::Backend::once_per`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Period {
+    /// The command may start.
+    Run,
+    /// It may not.
+    Skip(Skip),
+    /// The backend has no judgment of its own: the caller judges from the holders and
+    /// the run record, whose times are the backend's clock.
+    ByRecords,
+}
+
 impl RunRecord {
     /// A record from the JSON object a backend that stores records as JSON keeps (etcd,
     /// ZooKeeper: `host`, `pid`, `fencing_token`, `slot`, `started_ms`, `exit_status`,

@@ -40,13 +40,6 @@ pub trait Target: Debug + Send + Sync {
     /// Every backend decides: a new one that cannot says false, and `--slots` above 1
     /// is then refused before anything is connected.
     fn semaphores(&self) -> bool;
-
-    /// Whether this backend keeps run records with the last success, which
-    /// `--once-per` judges by; `--once-per` is refused before anything is connected
-    /// where it does not.
-    fn keeps_records(&self) -> bool {
-        false
-    }
 }
 
 /// Where the lock lives: a checked [`Target`] and the options every backend opens with.

@@ -65,11 +65,6 @@ impl RunConfig {
             Some(d) => Some(bounds::ONCE_PER.check(d)?),
             None => None,
         };
-        if once_per.is_some() && !backend.target.keeps_records() {
-            let url = args.backend.url.first().map(String::as_str).unwrap_or("");
-            let scheme = url.split_once("://").map_or("this backend", |(s, _)| s);
-            return Err(ConfigError::OncePerUnsupported(scheme.to_owned()));
-        }
         Ok(RunConfig {
             name,
             backend,
@@ -185,7 +180,7 @@ mod tests {
     }
 
     #[test]
-    fn once_per_is_refused_where_no_record_keeps_the_last_success() {
+    fn once_per_is_taken_on_every_backend() {
         let args = |url: &str| {
             let argv = [
                 "lockrun",
@@ -203,21 +198,13 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         };
-        for (url, scheme) in [
-            ("etcd://127.0.0.1:2379", "etcd"),
-            ("zk://127.0.0.1:2181/", "zk"),
-            ("etcds://127.0.0.1:2379", "etcds"),
-        ] {
-            let e = RunConfig::from_args(&args(url), None).unwrap_err();
-            assert_eq!(
-                e.to_string(),
-                format!("--once-per is not supported on {scheme}:// yet: it needs run records (docs/backends.md)")
-            );
-        }
         for url in [
             "redis://127.0.0.1:6379",
             "postgres://u@127.0.0.1/db",
             "file:///tmp",
+            "etcd://127.0.0.1:2379",
+            "etcds://127.0.0.1:2379",
+            "zk://127.0.0.1:2181/",
         ] {
             let c = RunConfig::from_args(&args(url), None).unwrap();
             assert_eq!(c.once_per, Some(Duration::from_secs(3600)), "{url}");

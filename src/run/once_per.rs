@@ -18,21 +18,11 @@ use std::time::Duration;
 
 use super::policy::Taken;
 use super::{fail, request_timeout};
-use crate::backend::{Backend, Holder, LastOk, RunRecord};
+use crate::backend::{Backend, Holder, Period, RunRecord, Skip};
 use crate::config::RunConfig;
 use crate::log::{emit, Event, Level};
 use crate::outcome::Outcome;
 use crate::units::{ms, rfc3339_ms};
-
-/// Why a run is skipped.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Skip {
-    /// A run that started within the period succeeded.
-    Succeeded(LastOk),
-    /// With `--slots`: another slot's run started earlier within the period and
-    /// still holds its slot.
-    Running(Holder),
-}
 
 /// `Ok` when the command may start (always without `--once-per`); else the outcome
 /// of a run that did not start, logged.
@@ -45,7 +35,6 @@ pub(super) async fn check<B: Backend>(
         return Ok(());
     };
     let name = cfg.name.as_str();
-    let reads = async { tokio::join!(backend.inspect(name), backend.last_run(name)) };
     let not_judged = |why: String| {
         fail(&format!(
             "cannot tell whether {name:?} succeeded within --once-per {}: {why}; the \
@@ -53,7 +42,17 @@ pub(super) async fn check<B: Backend>(
             ms(period)
         ))
     };
-    let (holders, last) = match tokio::time::timeout(request_timeout(cfg.ttl), reads).await {
+    let timeout = request_timeout(cfg.ttl);
+    // A backend that tells no time judges itself (etcd: by its leases' clock).
+    match tokio::time::timeout(timeout, backend.once_per(name, &taken.token, period)).await {
+        Ok(Ok(Period::Run)) => return Ok(()),
+        Ok(Ok(Period::Skip(why))) => return Err(skipped(cfg, period, &why)),
+        Ok(Ok(Period::ByRecords)) => {}
+        Ok(Err(e)) => return Err(not_judged(e.to_string())),
+        Err(_) => return Err(not_judged("the backend did not answer in time".into())),
+    }
+    let reads = async { tokio::join!(backend.inspect(name), backend.last_run(name)) };
+    let (holders, last) = match tokio::time::timeout(timeout, reads).await {
         Ok((Ok(h), Ok(l))) => (h, l),
         Ok((Err(e), _) | (_, Err(e))) => return Err(not_judged(e.to_string())),
         Err(_) => return Err(not_judged("the backend did not answer in time".into())),
@@ -120,6 +119,7 @@ fn skipped(cfg: &RunConfig, period: Duration, why: &Skip) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::LastOk;
 
     const HOUR: Duration = Duration::from_secs(3600);
     const NOW: u64 = 1_714_557_600_000;

@@ -3,8 +3,8 @@
 //! conflict status, event `skipped`, the command not started, the last success kept);
 //! a failed run does not count; after D it runs again; with `--slots`, `--wait` and
 //! `--hold-at-least`; judged by the backend's clock, so lockruns whose clocks are
-//! minutes ahead or behind decide alike (Redis, PostgreSQL: libfaketime); refused at
-//! start on etcd and ZooKeeper, which keep no run records yet.
+//! minutes ahead or behind decide alike (libfaketime); on every backend (etcd by its
+//! leases' clock).
 
 use std::time::Duration;
 
@@ -38,6 +38,22 @@ impl At {
                 t.name.clone(),
             ],
             _server: Box::new(t),
+        }
+    }
+
+    fn etcd() -> At {
+        let e = EtcdServer::start();
+        At {
+            args: vec!["--url".into(), e.url()],
+            _server: Box::new(e),
+        }
+    }
+
+    fn zookeeper() -> At {
+        let z = ZkServer::start();
+        At {
+            args: vec!["--url".into(), z.url()],
+            _server: Box::new(z),
         }
     }
 
@@ -203,6 +219,16 @@ fn file_skips_within_the_period_and_runs_after_it() {
     skips_within_the_period_and_runs_after_it(&At::file());
 }
 
+#[test]
+fn etcd_skips_within_the_period_and_runs_after_it() {
+    skips_within_the_period_and_runs_after_it(&At::etcd());
+}
+
+#[test]
+fn zookeeper_skips_within_the_period_and_runs_after_it() {
+    skips_within_the_period_and_runs_after_it(&At::zookeeper());
+}
+
 /// `lockrun` on a wall clock `offset` seconds from the real one (libfaketime; its own
 /// timestamp file, as [`FakeClock`] writes one, but behind as well as ahead).
 fn skewed(
@@ -225,14 +251,19 @@ fn skewed(
 /// backend's clock's.
 fn a_skewed_clock_decides_alike(at: &At) {
     let clock = FakeClock::new();
-    at.run("ahead", &[], "exit 0").0.assert_code(0);
+    // With --once-per, as etcd measures the period by the lease such a run grants.
+    at.run("ahead", &["--once-per", "1s"], "exit 0")
+        .0
+        .assert_code(0);
     let ok = at.last_run("ahead")["last_ok"]["started_ms"].clone();
     let s = Scratch::new();
     let cmd = at.cmd("ahead", &["--once-per", "5m"], r#"touch "$M""#, &s);
     let f = run(skewed(cmd, &clock, 600, &s));
     assert_skipped(&f, s.exists("m"), 75, &ok);
 
-    at.run("behind", &[], "exit 0").0.assert_code(0);
+    at.run("behind", &["--once-per", "1s"], "exit 0")
+        .0
+        .assert_code(0);
     std::thread::sleep(Duration::from_millis(2200));
     let s = Scratch::new();
     let cmd = at.cmd("behind", &["--once-per", "2s"], r#"touch "$M""#, &s);
@@ -253,6 +284,16 @@ fn redis_a_skewed_clock_decides_alike() {
 #[test]
 fn postgres_a_skewed_clock_decides_alike() {
     a_skewed_clock_decides_alike(&At::postgres());
+}
+
+#[test]
+fn etcd_a_skewed_clock_decides_alike() {
+    a_skewed_clock_decides_alike(&At::etcd());
+}
+
+#[test]
+fn zookeeper_a_skewed_clock_decides_alike() {
+    a_skewed_clock_decides_alike(&At::zookeeper());
 }
 
 /// With `--slots 2`: a run that holds a slot since before ours, within D, may still
@@ -286,29 +327,6 @@ fn with_slots_a_run_still_holding_a_slot_counts_until_it_fails() {
     let (ran, started) = at.run("job", &opts, "exit 0");
     ran.assert_code(0);
     assert!(started, "{}", ran.stderr);
-}
-
-#[test]
-fn etcd_and_zookeeper_refuse_once_per_at_start() {
-    let port = closed_port();
-    for (url, scheme) in [
-        (format!("etcd://127.0.0.1:{port}"), "etcd"),
-        (format!("zk://127.0.0.1:{port}/"), "zk"),
-    ] {
-        let s = Scratch::new();
-        let mut cmd = lockrun_run(&url, "job", &["--once-per", "1h"], &sh(r#"touch "$M""#));
-        cmd.env("M", s.path("m"));
-        let f = run(cmd);
-        f.assert_code(125);
-        assert!(!s.exists("m"));
-        assert_eq!(f.stderr.lines().count(), 1, "{}", f.stderr);
-        assert!(
-            f.stderr
-                .contains(&format!("--once-per is not supported on {scheme}:// yet")),
-            "{}",
-            f.stderr
-        );
-    }
 }
 
 /// A run that waits (`--wait`) while another holds the lock judges once it holds it:
@@ -348,6 +366,20 @@ fn redis_judges_after_the_wait() {
         args: vec!["--url".into(), url.clone()],
         _server: Box::new(r),
     };
+    judged_after_the_wait(&at, &url);
+}
+
+#[test]
+fn etcd_judges_after_the_wait() {
+    let at = At::etcd();
+    let url = at.args[1].clone();
+    judged_after_the_wait(&at, &url);
+}
+
+#[test]
+fn zookeeper_judges_after_the_wait() {
+    let at = At::zookeeper();
+    let url = at.args[1].clone();
     judged_after_the_wait(&at, &url);
 }
 

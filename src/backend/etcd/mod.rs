@@ -74,6 +74,7 @@
 
 mod errors;
 mod names;
+mod period;
 mod record;
 mod recorded;
 mod requests;
@@ -91,7 +92,8 @@ use std::time::Duration;
 use crate::backend::conn::{Connection, Slot};
 use crate::backend::url::BackendConfig;
 use crate::backend::{
-    wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release, RunEnd, RunRecord,
+    wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Period, Release, RunEnd,
+    RunRecord,
 };
 use errors::never_sent;
 use rpc::{Client, RpcError};
@@ -144,6 +146,15 @@ struct OurLease {
     /// With `--slots` above 1, while we wait: the revision our waiter key was created
     /// at, our place in the queue.
     queued: Option<i64>,
+    /// With `--once-per`, once judged: our period lease (`period.rs`).
+    period: Option<OncePerLease>,
+}
+
+/// A run's period lease (`period.rs`), and the one of the success it would supersede.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct OncePerLease {
+    id: i64,
+    superseded: Option<i64>,
 }
 
 impl EtcdBackend {
@@ -240,6 +251,7 @@ impl Backend for EtcdBackend {
             value: String::new(),
             fence: 0,
             queued: None,
+            period: None,
         });
         self.grant(id, req.ttl).await?;
         self.take_slot(&keys, req, id, None).await
@@ -283,24 +295,20 @@ impl Backend for EtcdBackend {
             .slot
             .zip(end)
             .map(|(slot, end)| self.record(&keys, &ours, slot, end));
-        match (how, ours.slot, record) {
-            (Release::Now, Some(slot), Some(record)) => {
-                self.release_recorded(&keys.key(slot), &ours, &record).await
-            }
-            // Revoking deletes the key only if it is attached to our lease: a lock
-            // that is someone else's by now is on another lease and stays. It frees
-            // whatever slot the lease holds, known or not.
-            (Release::Now, _, _) | (Release::KeepFor(_), None, _) => {
-                match self.revoke(ours.id).await? {
-                    true => Ok(()),
-                    false => Err(BackendError::NotOwner),
-                }
-            }
-            (Release::KeepFor(keep), Some(slot), record) => {
-                self.keep_for(&keys.key(slot), &ours, keep, record.as_ref())
-                    .await
-            }
-        }
+        let succeeded = end.is_some_and(|e| e.exit_status == 0);
+        let released = self.release_slot(&keys, &ours, how, record).await;
+        self.after_period(ours.period, succeeded && released.is_ok())
+            .await;
+        released
+    }
+
+    async fn once_per(
+        &self,
+        name: &str,
+        token: &str,
+        period: Duration,
+    ) -> Result<Period, BackendError> {
+        self.judge_once_per(name, token, period).await
     }
 
     async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {

@@ -79,6 +79,11 @@ pub struct RecordPut {
     pub week: u64,
     /// That week's lease under the prefix ([`lease_id`]).
     pub lease: i64,
+    /// The lease `:ok` goes on: the week's, or the run's period lease with
+    /// `--once-per` (`period.rs`).
+    pub ok_lease: i64,
+    /// With `--once-per`: the run's period key, deleted by the release.
+    pub period_key: Option<String>,
 }
 
 impl RecordPut {
@@ -106,6 +111,8 @@ impl RecordPut {
             ok,
             week,
             lease: lease_id(prefix, week),
+            ok_lease: lease_id(prefix, week),
+            period_key: None,
         }
     }
 
@@ -114,9 +121,10 @@ impl RecordPut {
         let ok = self
             .ok
             .iter()
-            .map(|(k, v)| RequestOp::put(k, v, self.lease));
+            .map(|(k, v)| RequestOp::put(k, v, self.ok_lease));
         let last = RequestOp::put(&self.key, &self.value, self.lease);
-        std::iter::once(last).chain(ok).collect()
+        let period = self.period_key.iter().map(RequestOp::delete);
+        std::iter::once(last).chain(ok).chain(period).collect()
     }
 }
 

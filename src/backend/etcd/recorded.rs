@@ -9,11 +9,39 @@ use super::errors::{is_lease_exists, is_lease_not_found};
 use super::record::{lease_id, ok_from, record_from, RecordPut, RECORD_TTL, SWEPT};
 use super::slots::SlotKeys;
 use super::value::ttl_secs;
-use super::wire::{Compare, RequestOp, TxnRequest, TxnResponse};
+use super::wire::{Compare, Request, RequestOp, TxnRequest, TxnResponse};
 use super::{EtcdBackend, OurLease};
-use crate::backend::{BackendError, RunEnd, RunRecord};
+use crate::backend::{BackendError, Release, RunEnd, RunRecord};
 
 impl EtcdBackend {
+    /// Gives up our slot (or attempt) as `how` says, leaving `record` if a run held it.
+    pub(super) async fn release_slot(
+        &self,
+        keys: &SlotKeys,
+        ours: &OurLease,
+        how: Release,
+        record: Option<RecordPut>,
+    ) -> Result<(), BackendError> {
+        match (how, ours.slot, record) {
+            (Release::Now, Some(slot), Some(record)) => {
+                self.release_recorded(&keys.key(slot), ours, &record).await
+            }
+            // Revoking deletes the key only if it is attached to our lease: a lock
+            // that is someone else's by now is on another lease and stays. It frees
+            // whatever slot the lease holds, known or not.
+            (Release::Now, _, _) | (Release::KeepFor(_), None, _) => {
+                match self.revoke(ours.id).await? {
+                    true => Ok(()),
+                    false => Err(BackendError::NotOwner),
+                }
+            }
+            (Release::KeepFor(keep), Some(slot), record) => {
+                self.keep_for(&keys.key(slot), ours, keep, record.as_ref())
+                    .await
+            }
+        }
+    }
+
     /// The record of our run that held `slot` of `keys`' name and ended as `end`.
     pub(super) fn record(
         &self,
@@ -24,7 +52,12 @@ impl EtcdBackend {
     ) -> RecordPut {
         let held = (slot, ours.fence);
         let at = [keys.record_key(), keys.ok_key()];
-        RecordPut::new(at, &self.key_prefix, &ours.value, held, end)
+        let mut record = RecordPut::new(at, &self.key_prefix, &ours.value, held, end);
+        if let Some(period) = ours.period {
+            record.ok_lease = period.id;
+            record.period_key = Some(keys.period_key(ours.fence));
+        }
+        record
     }
 
     /// `Release::Now` of a run: one transaction deletes our slot's `key` if it is still
@@ -59,7 +92,7 @@ impl EtcdBackend {
         txn: &TxnRequest,
         record: &RecordPut,
     ) -> Result<TxnResponse, BackendError> {
-        let send = async || {
+        let send = async |txn: &TxnRequest| {
             self.call(async |c| match c.txn(txn.clone()).await {
                 Ok(reply) => Ok(Some(reply)),
                 Err(e) if is_lease_not_found(&e) => Ok(None),
@@ -67,11 +100,17 @@ impl EtcdBackend {
             })
             .await
         };
-        if let Some(reply) = send().await? {
+        if let Some(reply) = send(txn).await? {
             return Ok(reply);
         }
         self.grant_week(record.week).await?;
-        send().await?.ok_or_else(|| {
+        if let Some(reply) = send(txn).await? {
+            return Ok(reply);
+        }
+        // The run's period lease is gone (a run longer than its TTL, or revoked by
+        // hand): its success goes on the week's lease, as without `--once-per`.
+        let on_week = on_lease(txn, record.ok_lease, record.lease);
+        send(&on_week).await?.ok_or_else(|| {
             BackendError::Unavailable(format!(
                 "etcd at {} lost the lease of the run record {:?} just granted; try again",
                 self.member(),
@@ -117,4 +156,17 @@ impl EtcdBackend {
         let last_ok = value_of(&ok).and_then(|kv| ok_from(&kv.value));
         Ok(Some(RunRecord { last_ok, ..record }))
     }
+}
+
+/// `txn` with every put on lease `from` moved to lease `to`.
+fn on_lease(txn: &TxnRequest, from: i64, to: i64) -> TxnRequest {
+    let mut txn = txn.clone();
+    for op in &mut txn.success {
+        if let Some(Request::Put(put)) = op.request.as_mut() {
+            if put.lease == from {
+                put.lease = to;
+            }
+        }
+    }
+    txn
 }

@@ -178,6 +178,15 @@ impl Client {
         Ok(reply.ttl)
     }
 
+    /// Lease `id`'s seconds left (-1 when it does not exist) and the seconds it was
+    /// granted with.
+    pub async fn lease_age(&self, id: i64) -> Result<(i64, i64), RpcError> {
+        let req = wire::LeaseTimeToLiveRequest { id };
+        let reply: wire::LeaseTimeToLiveResponse =
+            self.unary(path::LEASE_TIME_TO_LIVE, req).await?;
+        Ok((reply.ttl, reply.granted_ttl))
+    }
+
     /// One keep-alive of lease `id` (one request, one answer on a new stream): the TTL
     /// restored, 0 or less if the lease does not exist.
     pub async fn lease_keep_alive(&self, id: i64) -> Result<i64, RpcError> {

@@ -145,6 +145,17 @@ impl SlotKeys {
         format!("{}:ok", self.base)
     }
 
+    /// The key of the `--once-per` period of the run with fencing token `fence`:
+    /// `P{NAME}:run#FENCE` (see `period.rs`), after `:ok`.
+    pub fn period_key(&self, fence: u64) -> String {
+        format!("{}:run#{fence}", self.base)
+    }
+
+    /// The range of every run's period key: `[P{NAME}:run#, P{NAME}:run$)`.
+    pub fn period_range(&self) -> (String, String) {
+        (format!("{}:run#", self.base), format!("{}:run$", self.base))
+    }
+
     /// The key of the waiter on lease `lease`.
     pub fn waiter_key(&self, lease: i64) -> String {
         format!("{}%{lease:016x}", self.base)

@@ -379,6 +379,9 @@ pub struct LeaseTimeToLiveResponse {
     /// Seconds left; -1 when the lease does not exist.
     #[prost(int64, tag = "3")]
     pub ttl: i64,
+    /// The seconds it was granted with.
+    #[prost(int64, tag = "4")]
+    pub granted_ttl: i64,
 }
 
 // ---- etcdserverpb (rpc.proto): Watch ----

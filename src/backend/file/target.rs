@@ -38,10 +38,6 @@ impl Target for FileTarget {
         AnyBackend::new(FileBackend::new(self.dir.clone(), config))
     }
 
-    fn keeps_records(&self) -> bool {
-        true
-    }
-
     fn semaphores(&self) -> bool {
         true
     }

@@ -79,10 +79,6 @@ impl Target for PostgresTarget {
     }
 
     /// A semaphore's slots are rows of their own: see [`super`].
-    fn keeps_records(&self) -> bool {
-        true
-    }
-
     fn semaphores(&self) -> bool {
         true
     }

@@ -79,10 +79,6 @@ impl Target for RedisTarget {
         AnyBackend::new(RedisBackend::new(self.clone(), config, waiting))
     }
 
-    fn keeps_records(&self) -> bool {
-        true
-    }
-
     fn semaphores(&self) -> bool {
         true
     }

@@ -7,10 +7,12 @@
 //! conformance suite.
 //!
 //! Beside it: `auth` (least-privilege etcd users, and the line of each missing
-//! permission), `records` (the last run's record and its lease), `tls` (`etcds://`: verified TLS, client certificates, and the line of
+//! permission), `periods` (`--once-per`'s period leases), `records` (the last run's
+//! record and its lease), `tls` (`etcds://`: verified TLS, client certificates, and the line of
 //! each refused set-up).
 
 mod auth;
+mod periods;
 mod records;
 mod tls;
 

@@ -40,10 +40,6 @@ impl Target for RedlockTarget {
         AnyBackend::new(RedlockBackend::new(self, config, waiting))
     }
 
-    fn keeps_records(&self) -> bool {
-        true
-    }
-
     fn semaphores(&self) -> bool {
         true
     }
