@@ -60,9 +60,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::List(args) => {
             install_logger(&args.log, "");
             let cfg = BackendConfig::from_args(&args.backend, password)?;
-            let backend = AnyBackend::open(&cfg, false);
             let pattern = args.pattern.as_deref();
-            let outcome = runtime()?.block_on(admin::list(&backend, pattern, args.json));
+            let outcome = runtime()?.block_on(admin::list(&cfg, pattern, args.json));
             Ok(outcome.exit_code())
         }
         Command::Release(args) => {

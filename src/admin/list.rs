@@ -2,12 +2,15 @@
 //! a record of its last run, one line each (or a JSON array of `status --json`
 //! objects). The backend gives the names ([`Backend::names`]); each is then asked for
 //! its holders and record as `status` asks, so the cost grows with the names under
-//! the prefix only. Part of [`super`].
+//! the prefix only. A name held with another `--slots` N than the one given is asked
+//! again as one of N slots, so every holder of a semaphore is listed without knowing
+//! its N. Part of [`super`].
 
 use serde_json::Value;
 
 use super::{error, TIMEOUT};
-use crate::backend::{Backend, BackendError, Holder, RunRecord};
+use crate::backend::url::BackendConfig;
+use crate::backend::{AnyBackend, Backend, BackendError, Holder, RunRecord};
 use crate::holder::{status_json, status_text};
 use crate::outcome::Outcome;
 
@@ -21,8 +24,8 @@ struct Listed {
 /// `lockrun list`: prints the names matching `pattern` (a glob: `*`, `?`, `[...]`;
 /// every name without one) that are held or have a last run, sorted by name;
 /// [`Outcome::Listed`] (0), or [`Outcome::Failed`] (125) if the backend failed.
-pub async fn list<B: Backend>(backend: &B, pattern: Option<&str>, as_json: bool) -> Outcome {
-    let listed = match gather(backend, pattern).await {
+pub async fn list(cfg: &BackendConfig, pattern: Option<&str>, as_json: bool) -> Outcome {
+    let listed = match gather(cfg, pattern).await {
         Ok(l) => l,
         Err(e) => return error(&e),
     };
@@ -45,7 +48,8 @@ pub async fn list<B: Backend>(backend: &B, pattern: Option<&str>, as_json: bool)
 /// The names matching `pattern` with their holders and records, sorted by name; the
 /// names with neither are left out (a name the backend lists may have been freed and
 /// its record expired since).
-async fn gather<B: Backend>(backend: &B, pattern: Option<&str>) -> Result<Vec<Listed>, String> {
+async fn gather(cfg: &BackendConfig, pattern: Option<&str>) -> Result<Vec<Listed>, String> {
+    let backend = AnyBackend::open(cfg, false);
     let mut names = ask(backend.names()).await?;
     // What is stored under the prefix is not always lockrun's: a name lockrun could
     // not have written is left out.
@@ -55,7 +59,7 @@ async fn gather<B: Backend>(backend: &B, pattern: Option<&str>) -> Result<Vec<Li
     names.dedup();
     let mut listed = Vec::with_capacity(names.len());
     for name in names {
-        let mut holders = ask(backend.inspect(&name)).await?;
+        let mut holders = holders(cfg, &backend, &name).await?;
         holders.sort_by_key(|h| h.slot);
         let last = ask(backend.last_run(&name)).await?;
         if !holders.is_empty() || last.is_some() {
@@ -67,6 +71,28 @@ async fn gather<B: Backend>(backend: &B, pattern: Option<&str>) -> Result<Vec<Li
         }
     }
     Ok(listed)
+}
+
+/// The holders of `name`; held with another N than `cfg`'s, asked again as one of N.
+async fn holders(
+    cfg: &BackendConfig,
+    backend: &AnyBackend,
+    name: &str,
+) -> Result<Vec<Holder>, String> {
+    let theirs = match tokio::time::timeout(TIMEOUT, backend.inspect(name)).await {
+        Ok(Ok(h)) => match h.iter().map(|h| h.slots).find(|&n| n != cfg.slots) {
+            None => return Ok(h),
+            Some(n) => n,
+        },
+        Ok(Err(BackendError::SlotsConflict { theirs, .. })) => theirs,
+        Ok(Err(e)) => return Err(e.to_string()),
+        Err(_) => return Err("the backend did not answer within 5s".into()),
+    };
+    let as_theirs = BackendConfig {
+        slots: theirs,
+        ..cfg.clone()
+    };
+    ask(AnyBackend::open(&as_theirs, false).inspect(name)).await
 }
 
 /// One request, within [`TIMEOUT`].

@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::support::*;
 
 /// Runs that leave `ok` (exit 0) and `failed` (exit 3) free with a last run, `held`
-/// held by a run it returns, `sem` with one of its 2 slots held, and `other:x`
+/// held by a run it returns, `sem` with both of its 2 slots held, and `other:x`
 /// under another prefix; then checks `list --json`, `list` and a pattern.
 fn lists_what_ran_and_what_is_held(b: &Backend) {
     run(b.run("ok", &[], &["true"])).assert_code(0);
@@ -16,6 +16,8 @@ fn lists_what_ran_and_what_is_held(b: &Backend) {
     let (mut held, token) = hold(b.run("held", &[], &sh(HOLD)), &s);
     let s2 = Scratch::new();
     let (mut sem, _) = hold(b.run("sem", &["--slots", "2"], &sh(HOLD)), &s2);
+    let s3 = Scratch::new();
+    let (mut sem2, _) = hold(b.run("sem", &["--slots", "2"], &sh(HOLD)), &s3);
 
     let listed = run(b.admin("list", &["--json"]));
     listed.assert_code(0);
@@ -31,6 +33,14 @@ fn lists_what_ran_and_what_is_held(b: &Backend) {
     assert_eq!(by("held")["last_run"], Value::Null);
     assert_eq!(by("sem")["held"], true);
     assert_eq!(by("sem")["slots"], 2);
+    // Each holder once, in its slot (listed without knowing the semaphore's N).
+    let slots: Vec<u64> = by("sem")["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .map(|h| h["slot"].as_u64().unwrap())
+        .collect();
+    assert_eq!(slots, [0, 1], "{}", by("sem"));
 
     // Text: one line per name, in the same order.
     let text = run(b.admin("list", &[]));
@@ -55,10 +65,24 @@ fn lists_what_ran_and_what_is_held(b: &Backend) {
     assert_eq!(other.len(), 1);
     assert_eq!(other[0]["name"], "x");
 
-    s.touch("go");
+    // Slot 0 free, slot 1 held: listed as such (no --slots given).
     s2.touch("go");
-    held.wait().assert_code(0);
     sem.wait().assert_code(0);
+    let listed = run(b.admin("list", &["--json", "sem"]));
+    listed.assert_code(0);
+    let sem_only: Vec<Value> = serde_json::from_str(&listed.stdout).expect("a JSON array");
+    let slots: Vec<u64> = sem_only[0]["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .map(|h| h["slot"].as_u64().unwrap())
+        .collect();
+    assert_eq!(slots, [1], "{}", listed.stdout);
+
+    s.touch("go");
+    s3.touch("go");
+    held.wait().assert_code(0);
+    sem2.wait().assert_code(0);
 }
 
 #[test]

@@ -214,9 +214,10 @@ impl FileBackend {
         }
         match read() {
             Ok(r) if r.entry(slot).is_some_and(|h| h.token == token) => Ok(()),
-            Ok(_) | Err(BackendError::Refused(_)) | Err(BackendError::NotOwner) => {
+            Ok(_) | Err(BackendError::Refused(_) | BackendError::SlotsConflict { .. }) => {
                 Err(BackendError::NotOwner)
             }
+            Err(BackendError::NotOwner) => Err(BackendError::NotOwner),
             Err(e @ BackendError::Unavailable(_)) => Err(e),
         }
     }

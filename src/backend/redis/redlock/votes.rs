@@ -150,7 +150,7 @@ impl RedlockBackend {
         let first_error = answers.iter().find_map(|a| a.as_ref().err());
         let refused = answers
             .iter()
-            .filter(|a| matches!(a, Err(BackendError::Refused(_))))
+            .filter(|a| a.as_ref().is_err_and(BackendError::is_refusal))
             .count();
         let detail = first_error.map(|e| format!(" ({e})")).unwrap_or_default();
         let msg = format!(
