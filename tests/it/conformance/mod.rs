@@ -29,6 +29,7 @@
 mod containment;
 mod contract;
 mod faults;
+mod records;
 mod semaphore;
 
 use std::time::Duration;
@@ -87,6 +88,7 @@ macro_rules! contract_tests {
             contract::a_lease_longer_than_a_day_is_refused_and_leaves_no_lock
         );
         contract_test!($start, contract::unreachable_backend_fails_closed);
+        contract_test!($start, records::records_list_and_once_per);
         contract_test!(
             $start,
             containment::next_holder_starts_after_the_killed_holders_job_is_gone
