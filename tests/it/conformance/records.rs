@@ -30,7 +30,9 @@ pub(super) fn records_list_and_once_per(start: Start) {
     );
     // The failed run did not replace the success (on Redlock each server stamps its
     // own copy by its own clock, so the times are compared, not matched).
-    let ok_started = last["last_ok"]["started_ms"].as_u64().expect("a last success");
+    let ok_started = last["last_ok"]["started_ms"]
+        .as_u64()
+        .expect("a last success");
     assert!(ok_started < last["started_ms"].as_u64().unwrap(), "{last}");
     assert_eq!(last["last_ok"]["host"], first["host"], "{last}");
 

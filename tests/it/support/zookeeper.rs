@@ -18,14 +18,18 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use tempfile::TempDir;
 
-use super::ready::last_lines;
+use super::ready::{last_lines, READY_TIMEOUT};
 use super::{free_port, serial, signal_pid, WAIT};
 
 /// Where Debian's package puts ZooKeeper (its manifest names the other jars it needs).
 const JAR: &str = "/usr/share/java/zookeeper.jar";
 
-/// How long a JVM may take to start and serve (an ensemble also elects a leader).
+/// How long a member of an ensemble may take to start and serve: its JVM starts, then
+/// the ensemble elects a leader (a standalone server has [`READY_TIMEOUT`]).
 const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How the error of a server that runs but does not serve in time begins.
+const NOT_SERVING: &str = "ZooKeeper did not serve within";
 
 /// One ZooKeeper server process (standalone, or a member of an ensemble).
 pub struct ZkServer {
@@ -72,6 +76,8 @@ impl ZkServer {
                     server._owned = Some(dir);
                     return server;
                 }
+                // Hung, not exited: another try would only double the wait.
+                Err(e) if e.starts_with(NOT_SERVING) => panic!("could not start ZooKeeper: {e}"),
                 Err(e) => last_err = e,
             }
         }
@@ -153,6 +159,10 @@ impl ZkServer {
     /// Waits until the server answers `srvr` with a mode (it serves clients).
     fn wait_serving(&mut self) -> Result<(), String> {
         let start = Instant::now();
+        let timeout = match self.peers.is_empty() {
+            true => READY_TIMEOUT,
+            false => START_TIMEOUT,
+        };
         loop {
             if self.mode().is_some() {
                 return Ok(());
@@ -166,10 +176,10 @@ impl ZkServer {
                     log()
                 ));
             }
-            if start.elapsed() > START_TIMEOUT {
+            if start.elapsed() > timeout {
                 self.kill();
                 return Err(format!(
-                    "ZooKeeper did not serve within {START_TIMEOUT:?}; its log ends:\n{}",
+                    "{NOT_SERVING} {timeout:?}; its log ends:\n{}",
                     log()
                 ));
             }
