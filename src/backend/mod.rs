@@ -18,6 +18,7 @@ pub(crate) mod conn;
 pub(crate) mod etcd;
 pub(crate) mod file;
 pub mod keys;
+pub(crate) mod mysql;
 pub(crate) mod postgres;
 pub(crate) mod probe;
 pub mod record;
