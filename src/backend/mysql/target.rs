@@ -23,7 +23,7 @@ use crate::backend::AnyBackend;
 /// The table line of MySQL and MariaDB.
 pub const KIND: Kind = Kind {
     schemes: &["mysql", "mariadb"],
-    usage: "mysql://[user[:pass]@]host[:port]/db?ssl-mode=DISABLED[&table=NAME] (or mariadb://)",
+    usage: "mysql://[user[:pass]@]host[:port]/db?ssl-mode=DISABLED (or mariadb://; &table=NAME for another table than lockrun_locks)",
     parse: |url, ctx| Ok(Arc::new(parse(url, ctx)?)),
 };
 

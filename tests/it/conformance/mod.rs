@@ -188,6 +188,7 @@ conformance! {
     postgres => Postgres::start();
     etcd => EtcdServer::start();
     zookeeper => ZkServer::start();
+    mysql => Mysql::start();
 }
 
 conformance! {
