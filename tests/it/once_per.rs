@@ -1,9 +1,9 @@
-//! `--once-per D` (property 11 of docs/guarantees.md) on Redis, PostgreSQL and
-//! `file://`: a run of a name that succeeded less than D before is not repeated (the
+//! `--once-per D` (property 11 of docs/guarantees.md) on Redis, PostgreSQL, MySQL
+//! (MariaDB) and `file://`: a run of a name that succeeded less than D before is not repeated (the
 //! conflict status, event `skipped`, the command not started, the last success kept);
 //! a failed run does not count; after D it runs again; with `--slots`, `--wait` and
 //! `--hold-at-least`; judged by the backend's clock, so lockruns whose clocks are
-//! minutes ahead or behind decide alike (Redis, PostgreSQL: libfaketime); refused at
+//! minutes ahead or behind decide alike (Redis, PostgreSQL, MariaDB: libfaketime); refused at
 //! start on etcd and ZooKeeper, which keep no run records yet.
 
 use std::time::Duration;
@@ -38,6 +38,14 @@ impl At {
                 t.name.clone(),
             ],
             _server: Box::new(t),
+        }
+    }
+
+    fn mysql() -> At {
+        let m = PrivateMysql::start();
+        At {
+            args: vec!["--url".into(), m.url()],
+            _server: Box::new(m),
         }
     }
 
@@ -199,6 +207,11 @@ fn postgres_skips_within_the_period_and_runs_after_it() {
 }
 
 #[test]
+fn mysql_skips_within_the_period_and_runs_after_it() {
+    skips_within_the_period_and_runs_after_it(&At::mysql());
+}
+
+#[test]
 fn file_skips_within_the_period_and_runs_after_it() {
     skips_within_the_period_and_runs_after_it(&At::file());
 }
@@ -248,6 +261,11 @@ fn a_skewed_clock_decides_alike(at: &At) {
 #[test]
 fn redis_a_skewed_clock_decides_alike() {
     a_skewed_clock_decides_alike(&At::redis());
+}
+
+#[test]
+fn mysql_a_skewed_clock_decides_alike() {
+    a_skewed_clock_decides_alike(&At::mysql());
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! server's messages hold none). Part of [`super`].
 
 use super::MysqlBackend;
+use crate::backend::tls::{certificate_problem_kind, CertProblem};
 use crate::backend::BackendError;
 
 /// Access denied for the user (wrong password, no such user, host not allowed).
@@ -17,6 +18,9 @@ const BAD_DB: u16 = 1049;
 /// Translates `e` from the server at `b`.
 pub(super) fn describe(e: &mysql_async::Error, b: &MysqlBackend) -> BackendError {
     let at = &b.display;
+    if let Some(refused) = tls_error(e, at) {
+        return refused;
+    }
     let (user, db, table) = (&b.target.user, &b.target.database, &b.target.table);
     let grant = format!(
         "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON `{db}`.`{table}` TO '{user}'@'HOST'"
@@ -52,6 +56,30 @@ pub(super) fn describe(e: &mysql_async::Error, b: &MysqlBackend) -> BackendError
             BackendError::Unavailable(format!("MySQL at {at}: {}", one_line(&other.to_string())))
         }
     }
+}
+
+/// A refused certificate, or TLS asked of a server without it: one line, for good.
+fn tls_error(e: &mysql_async::Error, at: &str) -> Option<BackendError> {
+    if let mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer) = e {
+        return Some(BackendError::Refused(format!(
+            "MySQL at {at} does not offer TLS, which the URL's ssl-mode requires: enable it \
+             on the server (ssl_cert, ssl_key), or use ssl-mode=PREFERRED or DISABLED"
+        )));
+    }
+    let (problem, words) = certificate_problem_kind(e)?;
+    let hint = match problem {
+        CertProblem::UnknownIssuer => "give the CA that signed it in ssl-ca",
+        CertProblem::WrongName => {
+            "connect by a name the certificate holds, or use ssl-mode=VERIFY_CA"
+        }
+        CertProblem::Dates => "renew the server's certificate, or check the clocks",
+        CertProblem::ClientCertWanted => "give ssl-cert and ssl-key",
+        CertProblem::ClientCertRefused => "give a client certificate the server trusts",
+        CertProblem::Other => "check the server's certificate and ssl-ca",
+    };
+    Some(BackendError::Refused(format!(
+        "MySQL at {at}: TLS refused, {words}: {hint}"
+    )))
 }
 
 /// An answer lockrun cannot read: not a lockrun table, or a changed one.

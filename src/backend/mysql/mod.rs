@@ -39,12 +39,13 @@
 //! - **Run records**: the release's transaction writes the run (JSON, with the last
 //!   success) on the name's row, kept 7 days.
 //!
-//! Each session sets `time_zone = '+00:00'`, READ COMMITTED and
+//! TLS follows the `mysql` client's `ssl-mode` (`target/tls.rs`). Each session sets
+//! `time_zone = '+00:00'`, READ COMMITTED and
 //! `innodb_lock_wait_timeout = 5`. A deadlock or lock wait timeout is tried again, up
 //! to three times. The connection lives in a [`crate::backend::conn::Slot`]: made
 //! lazily, dropped after any error or abandoned call.
 //!
-//! Files: `target.rs` (the URL), `sql.rs` (the statements, the reading of a name's
+//! Files: `target.rs` (the URL; `target/tls.rs`, TLS), `sql.rs` (the statements, the reading of a name's
 //! rows), `requests.rs` (the lock's requests), `errors.rs` (error lines).
 
 mod errors;
@@ -56,13 +57,13 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, OptsBuilder, Transaction, TxOpts};
+use mysql_async::{Conn, DriverError, OptsBuilder, SslOpts, Transaction, TxOpts};
 
 use crate::backend::conn::{Connection, InUse, Slot};
 use crate::backend::url::BackendConfig;
 use crate::backend::BackendError;
 use sql::Sql;
-pub use target::{MysqlTarget, KIND};
+pub use target::{MysqlTarget, SslMode, KIND};
 
 /// How long a waiter's place in the queue lasts after each try: three of its longest
 /// sleeps between two tries ([`crate::backend::MAX_WAIT_SLICE`]).
@@ -146,10 +147,39 @@ impl MysqlBackend {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Connects and sets the session up.
+    /// Connects (with TLS as `ssl-mode` says) and sets the session up.
     async fn connect(&self) -> Result<MyConn, BackendError> {
+        let tls = &self.target.tls;
+        let conn = match Conn::new(self.opts(tls.ssl_opts())).await {
+            // PREFERRED: a server without TLS is spoken to in plain text.
+            Err(mysql_async::Error::Driver(DriverError::NoClientSslFlagFromServer))
+                if tls.mode == SslMode::Preferred =>
+            {
+                Conn::new(self.opts(None)).await
+            }
+            // The chain held, the name did not, and only the chain is to be checked:
+            // again, by a name the certificate holds.
+            Err(e) if !tls.checks_name() => match target::presented_name(&e) {
+                Some(name) => {
+                    let opts = tls
+                        .ssl_opts()
+                        .map(|o| o.with_danger_tls_hostname_override(Some(name)));
+                    Conn::new(self.opts(opts)).await
+                }
+                None => Err(e),
+            },
+            made => made,
+        };
+        let conn = conn.map_err(|e| errors::describe(&e, self))?;
+        Ok(MyConn {
+            conn: tokio::sync::Mutex::new(conn),
+        })
+    }
+
+    /// The connection options, with `tls`.
+    fn opts(&self, tls: Option<SslOpts>) -> OptsBuilder {
         let t = &self.target;
-        let opts = OptsBuilder::default()
+        OptsBuilder::default()
             .ip_or_hostname(t.host.clone())
             .tcp_port(t.port)
             .user(Some(t.user.clone()))
@@ -157,16 +187,11 @@ impl MysqlBackend {
             .db_name(Some(t.database.clone()))
             .prefer_socket(false)
             .client_found_rows(true)
+            .ssl_opts(tls)
             .init(vec![
                 "SET SESSION time_zone = '+00:00', SESSION innodb_lock_wait_timeout = 5",
                 "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
-            ]);
-        let conn = Conn::new(opts)
-            .await
-            .map_err(|e| errors::describe(&e, self))?;
-        Ok(MyConn {
-            conn: tokio::sync::Mutex::new(conn),
-        })
+            ])
     }
 
     async fn conn(&self) -> Result<InUse<'_, MyConn>, BackendError> {

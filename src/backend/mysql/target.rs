@@ -6,12 +6,9 @@
 //! `LOCKRUN_PASSWORD` wins over the URL's; without a user, the login name (`USER`), as
 //! the `mysql` client does.
 //!
-//! Parameters: `ssl-mode` as the `mysql` client names it, and `table`, the lease table
-//! (`lockrun_locks` by default; letters, digits and `_`). This build speaks plain
-//! text only: `ssl-mode` must say `DISABLED`, and is required, so that a URL never
-//! silently goes without the TLS it may expect (the client's default is
-//! `PREFERRED`); any other mode, `ssl-ca`, `ssl-cert` and `ssl-key` are refused by
-//! name until TLS lands, as is any parameter lockrun does not know.
+//! Parameters: `ssl-mode`, `ssl-ca`, `ssl-cert` and `ssl-key` as the `mysql` client
+//! names them (`tls.rs`), and `table`, the lease table (`lockrun_locks` by default;
+//! letters, digits and `_`). Any other parameter is refused by name.
 
 use std::sync::Arc;
 
@@ -19,11 +16,14 @@ use super::MysqlBackend;
 use crate::backend::url::{percent_decode, split_userinfo, BackendConfig, UrlError};
 use crate::backend::url::{Kind, Target, UrlContext};
 use crate::backend::AnyBackend;
+pub use tls::{presented_name, MyTls, SslMode};
+
+mod tls;
 
 /// The table line of MySQL and MariaDB.
 pub const KIND: Kind = Kind {
     schemes: &["mysql", "mariadb"],
-    usage: "mysql://[user[:pass]@]host[:port]/db?ssl-mode=DISABLED (or mariadb://; &table=NAME for another table than lockrun_locks)",
+    usage: "mysql://[user[:pass]@]host[:port]/db[?param=value&...] (or mariadb://; ssl-mode, ssl-ca, ssl-cert, ssl-key as in the mysql client, table)",
     parse: |url, ctx| Ok(Arc::new(parse(url, ctx)?)),
 };
 
@@ -46,6 +46,8 @@ pub struct MysqlTarget {
     pub database: String,
     /// The lease table; created if missing.
     pub table: String,
+    /// TLS as `ssl-mode` and the files say.
+    pub tls: MyTls,
 }
 
 impl std::fmt::Debug for MysqlTarget {
@@ -57,6 +59,7 @@ impl std::fmt::Debug for MysqlTarget {
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("database", &self.database)
             .field("table", &self.table)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -122,7 +125,7 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<MysqlTarget, UrlError> {
         .filter(|u| !u.is_empty())
         .or_else(|| (ctx.env)("USER").filter(|u| !u.is_empty()))
         .unwrap_or_else(|| "root".to_owned());
-    let table = params(query.unwrap_or(""))?;
+    let (table, tls) = params(query.unwrap_or(""))?;
     Ok(MysqlTarget {
         host,
         port,
@@ -130,6 +133,7 @@ pub fn parse(url: &str, ctx: &UrlContext<'_>) -> Result<MysqlTarget, UrlError> {
         password: ctx.password.clone().or(url_password),
         database,
         table,
+        tls,
     })
 }
 
@@ -163,54 +167,32 @@ fn host_port(hostport: &str) -> Result<(String, u16), UrlError> {
     Ok((host.to_owned(), port))
 }
 
-/// Reads the query's parameters; answers the table.
-fn params(query: &str) -> Result<String, UrlError> {
+/// Reads the query's parameters; answers the table and TLS.
+fn params(query: &str) -> Result<(String, MyTls), UrlError> {
     let mut table = DEFAULT_TABLE.to_owned();
-    let mut mode = None;
+    let (mut mode, mut ca, mut cert, mut key) = (None, None, None, None);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').ok_or_else(bad)?;
-        let (key, value) = (percent_decode(key), percent_decode(value));
-        match key.as_str() {
-            "ssl-mode" => mode = Some(value),
-            "table" => table = value,
-            "ssl-ca" | "ssl-cert" | "ssl-key" => {
-                return Err(refuse(format!(
-                    "the MySQL URL has {key}, but this lockrun does not speak TLS to MySQL \
-                     yet: use ssl-mode=DISABLED on a trusted network, or another backend"
-                )))
+        let (k, value) = pair.split_once('=').ok_or_else(bad)?;
+        let (k, value) = (percent_decode(k), percent_decode(value));
+        let slot = match k.as_str() {
+            "ssl-mode" => &mut mode,
+            "ssl-ca" => &mut ca,
+            "ssl-cert" => &mut cert,
+            "ssl-key" => &mut key,
+            "table" => {
+                table = value;
+                continue;
             }
             k => {
                 return Err(refuse(format!(
                     "the MySQL URL has the parameter {:?}, which lockrun does not support: \
-                     use ssl-mode and table (see the MySQL URL in docs/backends.md)",
+                     use ssl-mode, ssl-ca, ssl-cert, ssl-key and table (see the MySQL URL in \
+                     docs/backends.md)",
                     shown(k)
                 )))
             }
-        }
-    }
-    match mode.as_deref().map(str::to_ascii_uppercase).as_deref() {
-        Some("DISABLED") => {}
-        None => {
-            return Err(refuse(
-                "the MySQL URL needs ssl-mode=DISABLED: this lockrun does not speak TLS to \
-                 MySQL yet, and says so rather than send in clear what you may expect \
-                 encrypted"
-                    .to_owned(),
-            ))
-        }
-        Some(m @ ("PREFERRED" | "REQUIRED" | "VERIFY_CA" | "VERIFY_IDENTITY")) => {
-            return Err(refuse(format!(
-                "ssl-mode={m} is not supported yet: this lockrun does not speak TLS to \
-                 MySQL; use ssl-mode=DISABLED on a trusted network, or another backend"
-            )))
-        }
-        Some(_) => {
-            return Err(refuse(format!(
-                "ssl-mode={} is not valid: use DISABLED, PREFERRED, REQUIRED, VERIFY_CA or \
-                 VERIFY_IDENTITY",
-                shown(mode.as_deref().unwrap_or(""))
-            )))
-        }
+        };
+        *slot = Some(value);
     }
     if !valid_table(&table) {
         return Err(refuse(format!(
@@ -219,7 +201,11 @@ fn params(query: &str) -> Result<String, UrlError> {
             shown(&table)
         )));
     }
-    Ok(table)
+    let mode = match mode {
+        None => SslMode::Preferred,
+        Some(m) => SslMode::parse(&m)?,
+    };
+    Ok((table, MyTls::new(mode, ca, cert, key)?))
 }
 
 /// An unquoted identifier of at most 60 bytes.
@@ -245,6 +231,7 @@ mod tests {
     #[test]
     fn a_full_url_gives_every_part() {
         let t = ok("mysql://u%40x:p%3Aw@db.example:3307/app?ssl-mode=disabled&table=locks_1");
+        assert_eq!(t.tls.mode, SslMode::Disabled);
         assert_eq!((t.host.as_str(), t.port), ("db.example", 3307));
         assert_eq!(
             (t.user.as_str(), t.password.as_deref()),
@@ -289,11 +276,10 @@ mod tests {
         );
         let e = err("mysql://u:secret@h/d?ssl-mode=DISABLED&bogus=1");
         assert!(e.contains("\"bogus\"") && !e.contains("secret"), "{e}");
-        assert!(err("mysql://h/d").contains("needs ssl-mode=DISABLED"));
-        assert!(err("mysql://h/d?ssl-mode=VERIFY_IDENTITY").contains("not supported yet"));
-        assert!(err("mysql://h/d?ssl-mode=DISABLED&ssl-ca=/x").contains("ssl-ca"));
+        assert_eq!(ok("mysql://h/d").tls.mode, SslMode::Preferred);
+        assert!(err("mysql://h/d?ssl-mode=DISABLED&ssl-ca=/nonexistent").contains("ssl-ca"));
         assert!(err("mysql://h/d?ssl-mode=nope").contains("not valid"));
         assert!(err("mysql://h/d?ssl-mode=DISABLED&table=a-b").contains("invalid table"));
-        assert!(!err("mysql://h/d").contains('\n'));
+        assert!(!err("mysql://h/d?x=1").contains('\n'));
     }
 }

@@ -3,7 +3,9 @@
 //! restart of the server, the line of a wrong password and of each missing privilege,
 //! a table created on first use and not by `status`, and URL parameters refused by
 //! name. The contract every backend keeps (faults and a frozen server included) is
-//! tested in the conformance suite.
+//! tested in the conformance suite. Beside it: `tls` (ssl-mode, a test CA).
+
+mod tls;
 
 use std::process::Command;
 
@@ -138,12 +140,7 @@ fn unsupported_url_parameters_are_refused_by_name_before_connecting() {
     let port = closed_port();
     for (query, want) in [
         ("ssl-mode=DISABLED&bogus=1", "\"bogus\""),
-        ("", "needs ssl-mode=DISABLED"),
-        (
-            "ssl-mode=REQUIRED",
-            "ssl-mode=REQUIRED is not supported yet",
-        ),
-        ("ssl-mode=DISABLED&ssl-ca=/ca.pem", "ssl-ca"),
+        ("ssl-mode=REQUIRED&ssl-ca=/nonexistent.pem", "ssl-ca"),
         ("ssl-mode=DISABLED&table=a-b", "invalid table"),
     ] {
         let url = format!("mysql://u:secret@127.0.0.1:{port}/d?{query}");

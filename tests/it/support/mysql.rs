@@ -74,11 +74,26 @@ pub struct PrivateMysql {
     dir: TempDir,
     port: u16,
     child: Option<Child>,
+    /// Server options besides the usual ones (TLS files).
+    extra: Vec<String>,
 }
 
 impl PrivateMysql {
     /// Initialises a data directory, starts the server and makes database `lockrun`.
     pub fn start() -> PrivateMysql {
+        PrivateMysql::start_with(&[])
+    }
+
+    /// [`PrivateMysql::start`] serving TLS with certificate `cert` and key `key` too.
+    pub fn start_tls(cert: &std::path::Path, key: &std::path::Path) -> PrivateMysql {
+        PrivateMysql::start_with(&[
+            format!("--ssl-cert={}", cert.display()),
+            format!("--ssl-key={}", key.display()),
+        ])
+    }
+
+    /// [`PrivateMysql::start`] with server options `extra`.
+    fn start_with(extra: &[String]) -> PrivateMysql {
         serial::side_by_side();
         let dir = tempfile::Builder::new()
             .prefix("lockrun-mysql-")
@@ -96,6 +111,7 @@ impl PrivateMysql {
             dir,
             port: 0,
             child: None,
+            extra: extra.to_vec(),
         };
         for _ in 0..10 {
             server.port = free_port();
@@ -132,6 +148,7 @@ impl PrivateMysql {
                 LOG_FILE_SIZE,
             ])
             .args(user_arg())
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
