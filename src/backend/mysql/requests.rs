@@ -254,11 +254,15 @@ impl Backend for MysqlBackend {
         end: Option<RunEnd>,
     ) -> Result<(), BackendError> {
         let key = self.key(name);
-        self.transaction(
-            || None,
-            async |tx| self.give_back(tx, &key, token, how, end).await,
-        )
-        .await
+        let released = self
+            .transaction(
+                || None,
+                async |tx| self.give_back(tx, &key, token, how, end).await,
+            )
+            .await;
+        // Releasing ends a run: nothing more to ask.
+        self.close().await;
+        released
     }
 
     async fn inspect(&self, name: &str) -> Result<Vec<Holder>, BackendError> {
@@ -330,7 +334,9 @@ impl Backend for MysqlBackend {
         busy: &Holder,
         max: Duration,
     ) -> Result<(), BackendError> {
+        // With N slots, the first N of the queue are next: each polls promptly.
         let ahead = self.ahead.load(Ordering::Relaxed);
+        let ahead = ahead.saturating_sub(u64::from(self.slots.max(1)) - 1);
         tokio::time::sleep(poll_slice(ahead, busy.ttl_left, max)).await;
         Ok(())
     }
@@ -347,6 +353,7 @@ impl Backend for MysqlBackend {
                 async |tx| Ok(tx.exec_drop(&self.sql.delete, (&wkey,)).await?),
             )
             .await;
+        self.close().await;
         Ok(())
     }
 }

@@ -151,3 +151,38 @@ fn unsupported_url_parameters_are_refused_by_name_before_connecting() {
         assert!(!f.stderr.contains("secret"), "{}", f.stderr);
     }
 }
+
+/// A run and a waiter that gives up close their connections (COM_QUIT): the server
+/// counts no aborted client. (`status` and `list` still end theirs by exiting.)
+#[test]
+fn runs_close_their_connections_politely() {
+    let server = PrivateMysql::start();
+    let url = server.url();
+    let admin = server.db("mysql");
+    let status = |var: &str| {
+        admin
+            .value(&format!(
+                "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
+                 WHERE VARIABLE_NAME = '{var}'"
+            ))
+            .unwrap()
+    };
+    // Every connection but ours has ended on the server's side (the test's own too).
+    let settled = || {
+        wait_until("other connections end", WAIT, || {
+            status("THREADS_CONNECTED") == "1"
+        });
+        status("ABORTED_CLIENTS")
+    };
+    let before = settled();
+    run(lockrun_run(&url, "job", &[], &["true"])).assert_code(0);
+    let s = Scratch::new();
+    let mut cmd = lockrun_run(&url, "held", &[], &sh(r#"touch "$M"; sleep 2"#));
+    cmd.env("M", s.path("m"));
+    let mut busy = spawn(cmd);
+    wait_until("the lock is held", WAIT, || s.exists("m"));
+    // A waiter that gives up leaves the queue and closes too.
+    run(lockrun_run(&url, "held", &["--wait", "300ms"], &["true"])).assert_code(75);
+    busy.wait().assert_code(0);
+    assert_eq!(settled(), before, "a connection was dropped, not closed");
+}
