@@ -31,8 +31,9 @@ pub(super) fn describe(e: &mysql_async::Error, b: &MysqlBackend) -> BackendError
             match s.code {
                 ACCESS_DENIED => BackendError::Refused(format!(
                     "MySQL at {at} refused user {user:?} ({said}): check the password (the \
-                     URL's, LOCKRUN_PASSWORD or --password-file) and that the user may log \
-                     in from this host"
+                     URL's, LOCKRUN_PASSWORD or --password-file), that the user may log in \
+                     from this host, and for a user that requires a client certificate, \
+                     ssl-cert and ssl-key"
                 )),
                 DB_ACCESS_DENIED | TABLE_ACCESS_DENIED => BackendError::Refused(format!(
                     "MySQL at {at}: user {user:?} lacks a privilege on table {db}.{table} \

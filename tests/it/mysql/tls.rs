@@ -2,7 +2,8 @@
 //! CA for `localhost` only. `VERIFY_IDENTITY` connects by that name and refuses the
 //! address the certificate does not name; `VERIFY_CA` takes any name but not another
 //! CA; `REQUIRED` encrypts without checking, and refuses a server without TLS, which
-//! `PREFERRED` speaks to in plain text. Each refusal is one 125 line.
+//! `PREFERRED` speaks to in plain text; a user that requires a client certificate gets
+//! in with `ssl-cert` and `ssl-key`. Each refusal is one 125 line.
 
 use crate::support::*;
 
@@ -73,6 +74,35 @@ fn required_encrypts_and_refuses_a_server_without_tls_which_preferred_takes() {
         "does not offer TLS",
     );
     run_at(&plain, "127.0.0.1", "ssl-mode=PREFERRED").assert_code(0);
+}
+
+#[test]
+fn a_user_that_requires_a_certificate_gets_in_with_ssl_cert_and_ssl_key() {
+    let ca = TestCa::new("mysql-clients");
+    let (cert, key) = ca.issue("server", "localhost", "subjectAltName=DNS:localhost", false);
+    let server = PrivateMysql::start_tls_clients(&cert, &key, &ca.ca());
+    let admin = server.db("mysql");
+    admin.exec("CREATE USER 'certuser'@'127.0.0.1' REQUIRE X509");
+    admin.exec("GRANT ALL ON lockrun.* TO 'certuser'@'127.0.0.1'");
+    let (ccert, ckey) = ca.issue("client", "certuser", "extendedKeyUsage=clientAuth", false);
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    let url = |query: &str| {
+        format!(
+            "mysql://certuser@127.0.0.1:{}/lockrun?ssl-mode=VERIFY_CA&ssl-ca={}{query}",
+            server.port(),
+            path(&ca.ca())
+        )
+    };
+    let with_cert = url(&format!(
+        "&ssl-cert={}&ssl-key={}",
+        path(&ccert),
+        path(&ckey)
+    ));
+    run(lockrun_run(&with_cert, "job", &[], &["true"])).assert_code(0);
+    refused(
+        &run(lockrun_run(&url(""), "job", &[], &["true"])),
+        "ssl-cert and ssl-key",
+    );
 }
 
 #[test]

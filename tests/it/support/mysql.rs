@@ -92,6 +92,19 @@ impl PrivateMysql {
         ])
     }
 
+    /// [`PrivateMysql::start_tls`] that also checks client certificates against `ca`.
+    pub fn start_tls_clients(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        ca: &std::path::Path,
+    ) -> PrivateMysql {
+        PrivateMysql::start_with(&[
+            format!("--ssl-cert={}", cert.display()),
+            format!("--ssl-key={}", key.display()),
+            format!("--ssl-ca={}", ca.display()),
+        ])
+    }
+
     /// [`PrivateMysql::start`] with server options `extra`.
     fn start_with(extra: &[String]) -> PrivateMysql {
         serial::side_by_side();
