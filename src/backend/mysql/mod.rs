@@ -32,10 +32,13 @@
 //! - **Waiters** queue first come first served in rows of their own: a ticket from
 //!   the counter when they first find the lock busy, kept alive for
 //!   [`WAITER_ALIVE`] by each try. A free slot goes to a caller only when fewer live
-//!   waiters are before it than slots are free. MySQL has no notifications: a waiter
-//!   polls, the first of the queue every [`crate::backend::MIN_WAIT_SLICE`], the others
-//!   more slowly the further back they are (`requests::poll_slice`), as PostgreSQL's
-//!   waiters behind a pooler do.
+//!   waiters are before it than slots are free. MySQL has no notifications: the
+//!   holder of a slot holds a named lock (`GET_LOCK`) on its session, which its
+//!   release (closing the session) or its crash lets go; a waiter blocks on it, and
+//!   asks again when it is let go (`wake.rs`). The named lock only wakes: the rows
+//!   decide. Found free (no holder's session holds it), the waiter polls: the first of
+//!   the queue every [`crate::backend::MIN_WAIT_SLICE`], the others more slowly the
+//!   further back they are (`requests::poll_slice`).
 //! - **Run records**: the release's transaction writes the run (JSON, with the last
 //!   success) on the name's row, kept 7 days.
 //!
@@ -46,12 +49,14 @@
 //! lazily, dropped after any error or abandoned call.
 //!
 //! Files: `target.rs` (the URL; `target/tls.rs`, TLS), `sql.rs` (the statements, the reading of a name's
-//! rows), `requests.rs` (the lock's requests), `errors.rs` (error lines).
+//! rows), `requests.rs` (the lock's requests), `wake.rs` (waking waiters), `errors.rs`
+//! (error lines).
 
 mod errors;
 mod requests;
 mod sql;
 mod target;
+mod wake;
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;

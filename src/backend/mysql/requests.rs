@@ -214,6 +214,7 @@ impl Backend for MysqlBackend {
             .await?;
         if let Acquire::Acquired { slot, .. } = answer {
             *self.held() = Some((req.token.clone(), slot));
+            self.hold_signal(name, slot).await;
         }
         Ok(answer)
     }
@@ -330,14 +331,11 @@ impl Backend for MysqlBackend {
 
     async fn wait_for_release(
         &self,
-        _name: &str,
+        name: &str,
         busy: &Holder,
         max: Duration,
     ) -> Result<(), BackendError> {
-        // With N slots, the first N of the queue are next: each polls promptly.
-        let ahead = self.ahead.load(Ordering::Relaxed);
-        let ahead = ahead.saturating_sub(u64::from(self.slots.max(1)) - 1);
-        tokio::time::sleep(poll_slice(ahead, busy.ttl_left, max)).await;
+        self.wait_for_signal(name, busy, max).await;
         Ok(())
     }
 
