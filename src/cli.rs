@@ -18,7 +18,7 @@ mod checked;
 
 /// Run a command under a named distributed lock.
 ///
-/// lockrun acquires the lock NAME (a lease in Redis, PostgreSQL, etcd or ZooKeeper, or a
+/// lockrun acquires the lock NAME (a lease in Redis, PostgreSQL, MySQL, etcd or ZooKeeper, or a
 /// lock file on this host), runs COMMAND in its own process group with a fencing token in
 /// LOCKRUN_FENCING_TOKEN, renews the lease while the command lives, stops the whole group
 /// before the lease can expire if renewal fails, releases the lock and exits with the

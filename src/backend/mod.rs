@@ -19,6 +19,7 @@ mod error;
 pub(crate) mod etcd;
 pub(crate) mod file;
 pub mod keys;
+pub(crate) mod mysql;
 pub(crate) mod postgres;
 pub(crate) mod probe;
 pub mod record;

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use super::url::{Kind, Target, UrlContext, UrlError};
-use super::{etcd, file, postgres, redis, zookeeper};
+use super::{etcd, file, mysql, postgres, redis, zookeeper};
 
 /// Every backend, one line each. A URL's scheme picks the first kind that lists it.
 pub const KINDS: &[Kind] = &[
@@ -17,6 +17,7 @@ pub const KINDS: &[Kind] = &[
     etcd::KIND,
     file::KIND,
     zookeeper::KIND,
+    mysql::KIND,
 ];
 
 /// Checks the URLs given (each `--url`; a comma-separated list of `redis://` URLs, as

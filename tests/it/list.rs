@@ -96,6 +96,11 @@ fn on_postgres() {
 }
 
 #[test]
+fn on_mysql() {
+    lists_what_ran_and_what_is_held(&Backend::new(Mysql::start()));
+}
+
+#[test]
 fn on_etcd() {
     lists_what_ran_and_what_is_held(&Backend::new(EtcdServer::start()));
 }

@@ -11,7 +11,8 @@
 //! - a folder per backend for what only it has: `redis` (Redis, Redlock, Sentinel,
 //!   Cluster, proxies, passwords, TLS, ACL and the line of each misconfigured
 //!   connection), `postgres` (and PgBouncer, TLS, roles with few grants), `etcd` (and
-//!   TLS, users with few permissions), `zookeeper`, `file`; `key_layout`: an older
+//!   TLS, users with few permissions), `zookeeper`, `file`, `mysql` (MariaDB: crash
+//!   and restart, passwords, grants); `key_layout`: an older
 //!   lockrun's lock (keys before `PREFIX{NAME}`) is busy for a plain lock;
 //! - `metrics`, `operations`: the metrics file and the logs;
 //! - `docs`: the README, man page and examples agree with the code;
@@ -33,6 +34,7 @@ mod key_layout;
 mod lease;
 mod list;
 mod metrics;
+mod mysql;
 mod once_per;
 mod operations;
 mod ping;

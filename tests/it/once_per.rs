@@ -1,5 +1,5 @@
-//! `--once-per D` (property 11 of docs/guarantees.md) on Redis, PostgreSQL and
-//! `file://`: a run of a name that succeeded less than D before is not repeated (the
+//! `--once-per D` (property 11 of docs/guarantees.md) on Redis, PostgreSQL, MySQL
+//! (MariaDB) and `file://`: a run of a name that succeeded less than D before is not repeated (the
 //! conflict status, event `skipped`, the command not started, the last success kept);
 //! a failed run does not count; after D it runs again; with `--slots`, `--wait` and
 //! `--hold-at-least`; judged by the backend's clock, so lockruns whose clocks are
@@ -54,6 +54,14 @@ impl At {
         At {
             args: vec!["--url".into(), z.url()],
             _server: Box::new(z),
+        }
+    }
+
+    fn mysql() -> At {
+        let m = PrivateMysql::start();
+        At {
+            args: vec!["--url".into(), m.url()],
+            _server: Box::new(m),
         }
     }
 
@@ -215,6 +223,11 @@ fn postgres_skips_within_the_period_and_runs_after_it() {
 }
 
 #[test]
+fn mysql_skips_within_the_period_and_runs_after_it() {
+    skips_within_the_period_and_runs_after_it(&At::mysql());
+}
+
+#[test]
 fn file_skips_within_the_period_and_runs_after_it() {
     skips_within_the_period_and_runs_after_it(&At::file());
 }
@@ -279,6 +292,11 @@ fn a_skewed_clock_decides_alike(at: &At) {
 #[test]
 fn redis_a_skewed_clock_decides_alike() {
     a_skewed_clock_decides_alike(&At::redis());
+}
+
+#[test]
+fn mysql_a_skewed_clock_decides_alike() {
+    a_skewed_clock_decides_alike(&At::mysql());
 }
 
 #[test]

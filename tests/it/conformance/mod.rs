@@ -190,6 +190,7 @@ conformance! {
     postgres => Postgres::start();
     etcd => EtcdServer::start();
     zookeeper => ZkServer::start();
+    mysql => Mysql::start();
 }
 
 conformance! {

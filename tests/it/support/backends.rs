@@ -18,8 +18,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use super::{
-    lockrun, run, EtcdServer, Mode, PgBouncer, Pool, PrivatePg, Proxy, RedisServer, Sentinel,
-    TlsFiles, ZkServer,
+    lockrun, run, EtcdServer, Mode, PgBouncer, Pool, PrivateMysql, PrivatePg, Proxy, RedisServer,
+    Sentinel, TlsFiles, ZkServer,
 };
 
 /// One server process of a test's own, that the fault tests kill and restart, or freeze
@@ -60,7 +60,7 @@ macro_rules! server {
     )*};
 }
 
-server!(RedisServer, EtcdServer, PrivatePg, ZkServer);
+server!(RedisServer, EtcdServer, PrivatePg, ZkServer, PrivateMysql);
 
 /// A lock service under test.
 pub trait Service: Send + Sync {
@@ -307,6 +307,29 @@ impl Service for Postgres {
     }
     fn options(&self) -> Vec<String> {
         pg_table()
+    }
+}
+
+/// MariaDB: a private server of the test's own (so that it can be killed and frozen),
+/// keeping its data across a restart; the lease table is lockrun's default.
+pub struct Mysql(PrivateMysql);
+
+impl Mysql {
+    /// Initialises and starts a server.
+    pub fn start() -> Mysql {
+        Mysql(PrivateMysql::start())
+    }
+}
+
+impl Service for Mysql {
+    fn servers(&self) -> Vec<&dyn Server> {
+        vec![&self.0]
+    }
+    fn servers_mut(&mut self) -> Vec<&mut dyn Server> {
+        vec![&mut self.0]
+    }
+    fn url_via(&self, via: u16) -> String {
+        self.0.url_via(via)
     }
 }
 

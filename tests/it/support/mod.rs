@@ -5,7 +5,8 @@
 //! - servers of the test's own on free ports: `redis` (plain, password, TLS, ACL users),
 //!   `sentinel` (master, replica and Sentinel), `cluster` (a Redis Cluster of 3 masters
 //!   and 3 replicas), `etcd`, `pg` (private PostgreSQL clusters, and a fresh lock table
-//!   in one), `pgbouncer` (PgBouncer in front of one, in each pool mode); `tls` makes
+//!   in one), `pgbouncer` (PgBouncer in front of one, in each pool mode), `mysql` (a
+//!   private MariaDB); `tls` makes
 //!   their certificates;
 //! - `fake_server`: a hostile or broken server (silence, garbage, replies without end,
 //!   a ZooKeeper session grant of the test's choosing), and lockrun's peak memory;
@@ -35,6 +36,7 @@ mod fake_server;
 mod freezer;
 mod history;
 mod job;
+mod mysql;
 mod nutcracker;
 mod pg;
 mod pgbouncer;
@@ -55,7 +57,8 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 pub use backends::{
-    Backend, EtcdTls, FileService, PgBouncerService, Postgres, Quorum, SentinelService, Service,
+    Backend, EtcdTls, FileService, Mysql, PgBouncerService, Postgres, Quorum, SentinelService,
+    Service,
 };
 pub use clock::{boottime, FakeClock};
 pub use cluster::RedisCluster;
@@ -69,6 +72,7 @@ pub use history::{
     Span,
 };
 pub use job::*;
+pub use mysql::PrivateMysql;
 pub use nutcracker::Nutcracker;
 pub use pg::{Db, PrivatePg, Table};
 pub use pgbouncer::{PgBouncer, Pool};
