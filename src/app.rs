@@ -12,6 +12,7 @@ use clap::Parser;
 
 use crate::backend::AnyBackend;
 use crate::cli::{Cli, Command, LogArgs, RunArgs};
+use crate::clock::marks;
 use crate::config::{BackendConfig, LockName, RunConfig};
 use crate::log::{Format, Logger};
 use crate::metrics::RunReport;
@@ -21,10 +22,12 @@ use crate::{admin, cli, log, metrics, run};
 
 /// Runs lockrun with `args` (argv, program name first) and returns the exit status.
 pub fn main_with(args: Vec<OsString>) -> u8 {
+    marks::init();
     let cli = match Cli::try_parse_from(cli::with_default_subcommand(args.clone())) {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e, &args),
     };
+    marks::mark("parsed");
     let code = match dispatch(cli) {
         Ok(code) => code,
         // The one place a setup error is printed (through the logger, so that it is a
@@ -34,6 +37,8 @@ pub fn main_with(args: Vec<OsString>) -> u8 {
     // A stderr that does not take lockrun's last lines holds back its exit this long
     // at most; the lines are lost then.
     log::flush(LAST_LINES_WAIT);
+    marks::mark("exit");
+    marks::write_marks();
     code
 }
 
@@ -90,9 +95,10 @@ fn run_command(args: &RunArgs, password: Option<String>) -> u8 {
     let report = match RunConfig::from_args(args, password) {
         // The guard is forked while lockrun has one thread: before the log writer's
         // thread and the runtime (see `supervisor::guard`).
-        Ok(cfg) => match Guard::start(cfg.command.clone()) {
-            Ok(guard) => match runtime() {
+        Ok(cfg) => match marks::then("config", || Guard::start(cfg.command.clone())) {
+            Ok(guard) => match marks::then("guard", runtime) {
                 Ok(runtime) => {
+                    marks::mark("runtime");
                     log::start_writer();
                     let backend = AnyBackend::open(&cfg.backend, !cfg.wait.is_zero());
                     let report = runtime.block_on(run::run(&cfg, &backend, guard));

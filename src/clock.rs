@@ -7,6 +7,8 @@
 //! when the earliest one is due, and fires at once after a resume if it was passed
 //! meanwhile. The type is named apart from `std`'s and tokio's `Instant` (both on
 //! `CLOCK_MONOTONIC`) so that the two clocks cannot be mixed by an import.
+//! [`marks`] notes the time of each step of a run, for `.ci/bench`, when
+//! `LOCKRUN_DEBUG_TIMES` names a file.
 //! Depends on nothing else in the crate.
 
 use std::io;
@@ -174,6 +176,84 @@ fn register(fd: OwnedTimerFd) -> io::Result<AsyncFd<OwnedTimerFd>> {
     // SAFETY: the AsyncFd owns the OwnedTimerFd, which owns the descriptor, so the
     // descriptor stays open for as long as it is registered, and nothing else closes it.
     unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)
+}
+
+/// Where a run's time goes, for `.ci/bench` (docs/performance.md): with
+/// `LOCKRUN_DEBUG_TIMES=FILE` in the environment, lockrun and its guard note the
+/// `CLOCK_MONOTONIC` time of each step of a run ([`mark`]) and each appends them to
+/// `FILE` as it exits ([`write_marks`]), one `PID STEP NANOSECONDS` line a step. Unset,
+/// a mark costs one relaxed load. Marks are only taken on the main thread (and in the
+/// guard, forked while lockrun had one thread), so the lock is never contended.
+pub mod marks {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+
+    /// The variable that turns marks on: the file to append them to.
+    pub const VAR: &str = "LOCKRUN_DEBUG_TIMES";
+
+    static ON: AtomicBool = AtomicBool::new(false);
+    static MARKS: Mutex<Vec<(&'static str, u64)>> = Mutex::new(Vec::new());
+
+    /// Turns marks on if [`VAR`] is set, and notes `main`.
+    pub fn init() {
+        if std::env::var_os(VAR).is_some_and(|v| !v.is_empty()) {
+            ON.store(true, Ordering::Relaxed);
+            mark("main");
+        }
+    }
+
+    /// Notes the time of `step`, if marks are on.
+    pub fn mark(step: &'static str) {
+        if !ON.load(Ordering::Relaxed) {
+            return;
+        }
+        let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC);
+        let ns = ts.map_or(0, |t| {
+            u64::try_from(std::time::Duration::from(t).as_nanos()).unwrap_or(u64::MAX)
+        });
+        if let Ok(mut m) = MARKS.lock() {
+            m.push((step, ns));
+        }
+    }
+
+    /// Notes `step`, then does `next`.
+    pub fn then<T>(step: &'static str, next: impl FnOnce() -> T) -> T {
+        mark(step);
+        next()
+    }
+
+    /// In a child just forked: forgets the parent's marks, and notes `step`.
+    pub fn forked(step: &'static str) {
+        if let Ok(mut m) = MARKS.lock() {
+            m.clear();
+        }
+        mark(step);
+    }
+
+    /// Appends this process's marks to [`VAR`]'s file in one write (errors ignored:
+    /// a debugging aid never changes a run).
+    pub fn write_marks() {
+        use std::io::Write;
+        let Some(path) = std::env::var_os(VAR).filter(|_| ON.load(Ordering::Relaxed)) else {
+            return;
+        };
+        let pid = std::process::id();
+        let text: String = MARKS.lock().map_or_else(
+            |_| String::new(),
+            |m| {
+                m.iter()
+                    .map(|(s, ns)| format!("{pid} {s} {ns}\n"))
+                    .collect()
+            },
+        );
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path);
+        if let Ok(mut f) = file {
+            let _ = f.write_all(text.as_bytes());
+        }
+    }
 }
 
 #[cfg(test)]

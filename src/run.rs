@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::backend::{AcquireRequest, Backend, BackendError, EndedBy, Release, RunEnd};
-use crate::clock::{BootInstant, ContinueAt, Timer};
+use crate::clock::{marks, BootInstant, ContinueAt, Timer};
 use crate::config::RunConfig;
 use crate::lease::Params;
 use crate::log::{emit, Event, Level};
@@ -70,6 +70,7 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
             }
         }
     };
+    marks::mark("prepared");
     // The time waited for the lock starts after `--splay`'s pause.
     let started = BootInstant::now();
     let report = |outcome: Outcome| RunReport {
@@ -81,6 +82,7 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
         Ok(t) => t,
         Err(outcome) => return report(outcome),
     };
+    marks::mark("acquired");
     let env = command_env(cfg, &taken);
     // The lease timer exists before the command does: without it the lease could
     // not be enforced, so a failure here means not starting at all.
@@ -97,6 +99,7 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
     if ended.lease == LeaseAtEnd::Ours {
         release(cfg, backend, &taken.token, hold, run_end(ended.outcome)).await;
     }
+    marks::mark("released");
     // After the release: a slow ping server never holds the lock.
     if let Some(pinger) = pinger {
         pinger.end(ended.outcome.exit_code(), &mut signals).await;
@@ -152,14 +155,18 @@ async fn job<B: Backend>(
     let alarm = first_deadline(cfg, taken, &guard);
     // The run's duration for `--ping`: from before the command's start.
     let starting = tokio::time::Instant::now();
+    marks::mark("spawning");
     match Job::start(guard, env, &hold, request_timeout(cfg.ttl)) {
         Ok(mut job) => {
+            marks::mark("spawned");
             log_contained(&job);
             let pinger = Pinger::start(cfg, taken, starting);
             let timers = (timer, alarm);
             let ended = supervise(cfg, backend, signals, &mut job, taken, timers).await;
+            marks::mark("job_gone");
             // The whole job is gone: the guard may let go of the lock's files.
             job.done();
+            marks::mark("guard_gone");
             (ended, pinger)
         }
         Err(e) => (spawn_failed(cfg, e), None),

@@ -213,6 +213,7 @@ fn on_reports(job: &mut Job, end: &mut JobEnd) -> Option<Event> {
     loop {
         match job.report() {
             Ok(Some(FromGuard::Exited { exit, empty })) => {
+                crate::clock::marks::mark("command_exited");
                 if end.leader.is_none() {
                     end.leader = Some(exit);
                     log_exit(exit);

@@ -20,7 +20,7 @@ use nix::sys::stat::Mode;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{getpid, getppid, setpgid, Pid};
 
-use crate::clock::ContinueAt;
+use crate::clock::{marks, ContinueAt};
 
 use super::cgroup::Cgroup;
 use super::spawn::{spawn_into, Exec, Refused};
@@ -29,6 +29,7 @@ use super::{tree, ChildExit, EnvChange, FORWARDED};
 
 /// The guard's whole life: never returns.
 pub(super) fn main(sock: OwnedFd, argv: Vec<OsString>, lockrun: Pid) -> ! {
+    marks::forked("g_forked");
     let _ = setpgid(Pid::from_raw(0), Pid::from_raw(0));
     let _ = nix::sys::prctl::set_name(c"lockrun-guard");
     let _ = nix::sys::prctl::set_child_subreaper(true);
@@ -55,6 +56,7 @@ pub(super) fn main(sock: OwnedFd, argv: Vec<OsString>, lockrun: Pid) -> ! {
     };
     // The cgroup is made while lockrun takes the lock, off its way.
     let cgroup = Cgroup::create(lockrun.as_raw() as u32);
+    marks::mark("g_cgroup_made");
     let give_up = |cgroup: Option<Cgroup>| -> ! {
         if let Some(c) = cgroup {
             c.remove();
@@ -104,6 +106,7 @@ fn start_and_report(
     env: &[EnvChange],
     cgroup: Option<Cgroup>,
 ) -> (Pid, Option<Cgroup>) {
+    marks::mark("g_spawn_order");
     match start_command(argv, env, cgroup.as_ref()) {
         Ok((leader, joined)) => {
             let cgroup = match cgroup {
@@ -119,6 +122,7 @@ fn start_and_report(
                     .as_ref()
                     .map(|c| (c.dir().to_string_lossy().into_owned(), c.path().to_owned())),
             };
+            marks::mark("g_command_execd");
             let _ = wire::send(sock.as_fd(), &report, &[]);
             let_go_of_the_commands_files();
             (leader, cgroup)
@@ -264,6 +268,7 @@ fn watch(
         while let Ok(Some(_)) = sfd.read_signal() {}
         let (exit, empty) = reap(leader);
         if let Some(exit) = exit.filter(|_| !leader_reported) {
+            marks::mark("g_command_reaped");
             leader_reported = true;
             let _ = wire::send(sock.as_fd(), &FromGuard::Exited { exit, empty }, &[]);
             empty_reported = empty;
@@ -290,9 +295,11 @@ fn read_orders(
             Ok(Some((ToGuard::Deadline(d), _))) => *deadline = Some(d),
             // The run is over: lockrun saw the job empty and now releases the lock.
             Ok(Some((ToGuard::Done, _))) if reap(leader).1 => {
+                marks::mark("g_done_order");
                 if let Some(c) = cgroup {
                     c.remove();
                 }
+                marks::mark("g_cgroup_removed");
                 exit_now(0)
             }
             Ok(Some((ToGuard::Done, _))) => contain_and_exit(cgroup),
@@ -360,6 +367,7 @@ fn kill_job(cgroup: Option<&Cgroup>) {
 /// handlers, no buffers that lockrun filled before the fork).
 #[allow(unsafe_code)]
 fn exit_now(code: i32) -> ! {
+    marks::write_marks();
     // SAFETY: _exit(2) ends the process at once; it is always safe to call.
     unsafe { nix::libc::_exit(code) }
 }

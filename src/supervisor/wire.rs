@@ -254,12 +254,19 @@ fn send_with(
 }
 
 /// Receives one packet: `Ok(None)` at the end of file; the descriptors it carried.
+/// The packet's length is learnt first (a peek), so that its buffer is just as large:
+/// most messages are a few bytes, and a buffer of [`MAX_MESSAGE`] for each would cost
+/// an `mmap` and page faults every time.
 fn recv(sock: BorrowedFd<'_>, flags: MsgFlags) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
-    let mut buf = vec![0u8; MAX_MESSAGE];
+    let Some(len) = next_len(sock, flags)? else {
+        return Ok(None);
+    };
+    let mut buf = vec![0u8; len.clamp(1, MAX_MESSAGE)];
     let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
     loop {
         let mut iov = [IoSliceMut::new(&mut buf)];
-        let flags = flags | MsgFlags::MSG_CMSG_CLOEXEC;
+        // The packet is there: the peek saw it, and only this process reads here.
+        let flags = flags | MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT;
         let msg = match recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), flags) {
             Err(Errno::EINTR) => continue,
             Err(e) => return Err(e.into()),
@@ -286,6 +293,23 @@ fn recv(sock: BorrowedFd<'_>, flags: MsgFlags) -> io::Result<Option<(Vec<u8>, Ve
         }
         buf.truncate(n);
         return Ok(Some((buf, fds)));
+    }
+}
+
+/// The length of the next packet, waiting for one unless `flags` say not to:
+/// `Ok(None)` at the end of file (no message is empty). A peek: the packet stays, with
+/// the descriptors it carries, for [`recv`].
+fn next_len(sock: BorrowedFd<'_>, flags: MsgFlags) -> io::Result<Option<usize>> {
+    let mut probe = [0u8; 1];
+    loop {
+        let mut iov = [IoSliceMut::new(&mut probe)];
+        let peek = flags | MsgFlags::MSG_PEEK | MsgFlags::MSG_TRUNC;
+        match recvmsg::<()>(sock.as_raw_fd(), &mut iov, None, peek) {
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+            Ok(m) if m.bytes == 0 => return Ok(None),
+            Ok(m) => return Ok(Some(m.bytes)),
+        }
     }
 }
 
@@ -398,5 +422,31 @@ mod tests {
         assert_eq!(fds.len(), 1);
         drop(a);
         assert!(recv_to_guard(b.as_fd(), true).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_long_message_arrives_whole_and_a_short_one_after_it() {
+        use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+        use std::os::fd::AsFd;
+        let (a, b) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let long = ToGuard::Spawn(vec![EnvChange::Set(
+            "LOCKRUN_URL".into(),
+            "u".repeat(100_000),
+        )]);
+        send(a.as_fd(), &long, &[]).unwrap();
+        send(a.as_fd(), &ToGuard::Done, &[]).unwrap();
+        assert_eq!(recv_to_guard(b.as_fd(), true).unwrap().unwrap().0, long);
+        assert_eq!(
+            recv_to_guard(b.as_fd(), false).unwrap().unwrap().0,
+            ToGuard::Done
+        );
+        let nothing = recv_to_guard(b.as_fd(), false).unwrap_err();
+        assert_eq!(nothing.raw_os_error(), Some(Errno::EAGAIN as i32));
     }
 }
