@@ -348,13 +348,30 @@ fn contain_and_exit(cgroup: Option<&Cgroup>) -> ! {
 
 /// SIGKILLs every process of the job (the cgroup at once, and every process below the
 /// guard), again until no live one is left. Zombies are left for [`reap`].
+///
+/// With a cgroup, the guard waits for it to empty before it reads the tree: in a fork
+/// storm the tree is thousands of processes, and reading each one's `/proc` files
+/// while they die takes the CPU their exits need (the time from lockrun's death to the
+/// job's grew with the job's size, issue 39). The tree is read all the same, after,
+/// until no live process is left below the guard: a process that left the cgroup
+/// (root can move itself) is still in the tree.
 fn kill_job(cgroup: Option<&Cgroup>) {
+    if let Some(c) = cgroup {
+        if c.kill().is_ok() {
+            c.wait_empty(CGROUP_EMPTIES);
+        }
+    }
     tree::kill_all(getpid().as_raw(), None, || {
         if let Some(c) = cgroup {
             let _ = c.kill();
         }
     });
 }
+
+/// How long the guard waits for the job's cgroup to empty after `cgroup.kill` before
+/// it kills the tree too: a process in an uninterruptible sleep (a hung NFS read) can
+/// keep a cgroup populated for long, and the tree must be read anyway.
+const CGROUP_EMPTIES: Duration = Duration::from_millis(200);
 
 /// Ends the guard without running anything of lockrun's (no destructors, no exit
 /// handlers, no buffers that lockrun filled before the fork).
