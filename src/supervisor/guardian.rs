@@ -259,7 +259,7 @@ fn watch(
             // lockrun would have sent SIGKILL by now: it is stopped or stuck. The
             // job must not outlive the lease; lockrun sees it gone when it runs again.
             deadline = None;
-            kill_job(cgroup);
+            kill_job(cgroup, || {});
         }
         while let Ok(Some(_)) = sfd.read_signal() {}
         let (exit, empty) = reap(leader);
@@ -336,9 +336,14 @@ fn reap(leader: Pid) -> (Option<ChildExit>, bool) {
 /// Kills every process of the job, again until none is left, reaps them, removes the
 /// cgroup and exits (which closes the file lock's descriptors, letting go of it).
 fn contain_and_exit(cgroup: Option<&Cgroup>) -> ! {
-    kill_job(cgroup);
+    // Nothing more is reported: the dead are reaped between the passes over the tree,
+    // which then read only the living (a fork storm leaves thousands of zombies).
+    let reap_all = || {
+        reap(Pid::from_raw(0));
+    };
+    kill_job(cgroup, reap_all);
     while !reap(Pid::from_raw(0)).1 {
-        kill_job(cgroup);
+        kill_job(cgroup, reap_all);
     }
     if let Some(c) = cgroup {
         c.remove();
@@ -355,7 +360,8 @@ fn contain_and_exit(cgroup: Option<&Cgroup>) -> ! {
 /// job's grew with the job's size, issue 39). The tree is read all the same, after,
 /// until no live process is left below the guard: a process that left the cgroup
 /// (root can move itself) is still in the tree.
-fn kill_job(cgroup: Option<&Cgroup>) {
+/// `between` runs before each pass over the tree.
+fn kill_job(cgroup: Option<&Cgroup>, mut between: impl FnMut()) {
     if let Some(c) = cgroup {
         if c.kill().is_ok() {
             c.wait_empty(CGROUP_EMPTIES);
@@ -365,6 +371,7 @@ fn kill_job(cgroup: Option<&Cgroup>) {
         if let Some(c) = cgroup {
             let _ = c.kill();
         }
+        between();
     });
 }
 
