@@ -18,8 +18,9 @@ use super::boundary::{as_nobody, give_to_nobody};
 use super::kill_paths::On;
 use crate::support::*;
 
-/// How many processes the storm keeps alive, each living a random 0-1.5 s and replaced
-/// by a new fork at once.
+/// How many processes the storm keeps alive, each living a random 0-1.5 s (one in 50 a
+/// minute: longer than the lease, so that a survivor is still there for the next holder
+/// on Redis to see) and replaced by a new fork at once.
 const SIZE: usize = 600;
 
 /// The storm: marks itself (and so every fork) `lockrun-storm-x$STORM`, and forks.
@@ -27,7 +28,7 @@ const STORM: &str = r#"$0 = "lockrun-storm-x$ENV{STORM}"; my $k = 0;
 while (1) {
     if ($k < 600) {
         my $p = fork;
-        if (defined $p && !$p) { select(undef, undef, undef, rand 1.5); exit 0 }
+        if (defined $p && !$p) { select(undef, undef, undef, $k % 50 ? rand 1.5 : 60); exit 0 }
         $k++ if $p;
     } else { wait; $k-- }
 }"#;
