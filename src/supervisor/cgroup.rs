@@ -16,11 +16,13 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::fd::AsFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::libc;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 /// A cgroup made for one job.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,6 +128,38 @@ impl Cgroup {
             .custom_flags(libc::O_CLOEXEC)
             .open(self.dir.join("cgroup.kill"))?;
         f.write_all(b"1")
+    }
+
+    /// Waits at most `limit` until no live process is left in it (`populated 0` in
+    /// `cgroup.events`: a process leaves its cgroup as it dies, before it is a zombie,
+    /// so a zombie not yet reaped is not counted). The kernel wakes the wait when that
+    /// file changes: no look costs anything while the job's processes die. True if it
+    /// is empty.
+    pub fn wait_empty(&self, limit: Duration) -> bool {
+        let Ok(events) = File::open(self.dir.join("cgroup.events")) else {
+            return false;
+        };
+        let until = Instant::now() + limit;
+        let mut buf = [0u8; 256];
+        loop {
+            // kernfs files are read again from the start after each change.
+            let Ok(n) = events.read_at(&mut buf, 0) else {
+                return false;
+            };
+            if buf[..n].split(|&b| b == b'\n').any(|l| l == b"populated 0") {
+                return true;
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let ms = u16::try_from(left.as_millis().max(1)).unwrap_or(u16::MAX);
+            let mut fds = [PollFd::new(events.as_fd(), PollFlags::POLLPRI)];
+            match poll(&mut fds, PollTimeout::from(ms)) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => return false,
+            }
+        }
     }
 
     /// The pids in it now.

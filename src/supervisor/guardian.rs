@@ -263,7 +263,7 @@ fn watch(
             // lockrun would have sent SIGKILL by now: it is stopped or stuck. The
             // job must not outlive the lease; lockrun sees it gone when it runs again.
             deadline = None;
-            kill_job(cgroup);
+            kill_job(cgroup, || {});
         }
         while let Ok(Some(_)) = sfd.read_signal() {}
         let (exit, empty) = reap(leader);
@@ -343,9 +343,14 @@ fn reap(leader: Pid) -> (Option<ChildExit>, bool) {
 /// Kills every process of the job, again until none is left, reaps them, removes the
 /// cgroup and exits (which closes the file lock's descriptors, letting go of it).
 fn contain_and_exit(cgroup: Option<&Cgroup>) -> ! {
-    kill_job(cgroup);
+    // Nothing more is reported: the dead are reaped between the passes over the tree,
+    // which then read only the living (a fork storm leaves thousands of zombies).
+    let reap_all = || {
+        reap(Pid::from_raw(0));
+    };
+    kill_job(cgroup, reap_all);
     while !reap(Pid::from_raw(0)).1 {
-        kill_job(cgroup);
+        kill_job(cgroup, reap_all);
     }
     if let Some(c) = cgroup {
         c.remove();
@@ -355,13 +360,32 @@ fn contain_and_exit(cgroup: Option<&Cgroup>) -> ! {
 
 /// SIGKILLs every process of the job (the cgroup at once, and every process below the
 /// guard), again until no live one is left. Zombies are left for [`reap`].
-fn kill_job(cgroup: Option<&Cgroup>) {
+///
+/// With a cgroup, the guard waits for it to empty before it reads the tree: in a fork
+/// storm the tree is thousands of processes, and reading each one's `/proc` files
+/// while they die takes the CPU their exits need (the time from lockrun's death to the
+/// job's grew with the job's size, issue 39). The tree is read all the same, after,
+/// until no live process is left below the guard: a process that left the cgroup
+/// (root can move itself) is still in the tree.
+/// `between` runs before each pass over the tree.
+fn kill_job(cgroup: Option<&Cgroup>, mut between: impl FnMut()) {
+    if let Some(c) = cgroup {
+        if c.kill().is_ok() {
+            c.wait_empty(CGROUP_EMPTIES);
+        }
+    }
     tree::kill_all(getpid().as_raw(), None, || {
         if let Some(c) = cgroup {
             let _ = c.kill();
         }
+        between();
     });
 }
+
+/// How long the guard waits for the job's cgroup to empty after `cgroup.kill` before
+/// it kills the tree too: a process in an uninterruptible sleep (a hung NFS read) can
+/// keep a cgroup populated for long, and the tree must be read anyway.
+const CGROUP_EMPTIES: Duration = Duration::from_millis(200);
 
 /// Ends the guard without running anything of lockrun's (no destructors, no exit
 /// handlers, no buffers that lockrun filled before the fork).

@@ -105,12 +105,19 @@ fn parents() -> HashMap<i32, Vec<Proc>> {
 /// their children.
 pub fn descendants(root: i32) -> Vec<Proc> {
     let mut out = Vec::new();
+    walk(root, |p| out.push(*p));
+    out
+}
+
+/// Calls `each` on every process below `root` as the walk finds it, a parent before its
+/// children (and before its children are read).
+fn walk(root: i32, mut each: impl FnMut(&Proc)) {
     let mut queue = VecDeque::from([root]);
     if children_files() {
         while let Some(parent) = queue.pop_front() {
             for child in children(parent) {
                 if let Some(p) = stat(child).filter(|p| p.ppid == parent) {
-                    out.push(p);
+                    each(&p);
                     queue.push_back(p.pid);
                 }
             }
@@ -119,12 +126,11 @@ pub fn descendants(root: i32) -> Vec<Proc> {
         let mut by_parent = parents();
         while let Some(parent) = queue.pop_front() {
             for p in by_parent.remove(&parent).unwrap_or_default() {
-                out.push(p);
+                each(&p);
                 queue.push_back(p.pid);
             }
         }
     }
-    out
 }
 
 /// The processes below `root` that still run (zombies left out).
@@ -154,22 +160,28 @@ pub fn signal(root: i32, sig: Signal, skip_group: Option<i32>) -> usize {
     sent
 }
 
-/// SIGKILLs every live process below `root`, again until none is left (a process may
-/// fork while the tree is read) or `until` has passed; `each_pass` runs before each
-/// look (to kill a cgroup at once, say). True when none is left.
+/// SIGKILLs every live process below `root`, again until a pass finds none (a process
+/// may fork while the tree is read) or `until` has passed; `each_pass` runs before each
+/// pass (to kill a cgroup at once, say). True when none is left.
 pub fn kill_all(root: i32, until: Option<Instant>, mut each_pass: impl FnMut()) -> bool {
     let mut pause = Duration::from_micros(200);
     loop {
         each_pass();
-        let live = live_descendants(root);
-        if live.is_empty() {
+        // Each live process is killed as soon as the walk finds it, before its children
+        // are read: a job forking as fast as it can (a fork storm of thousands) stops
+        // growing at once, and dies while the rest of it is read, rather than after.
+        let mut live = 0;
+        walk(root, |p| {
+            if !p.zombie {
+                live += 1;
+                let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+            }
+        });
+        if live == 0 {
             return true;
         }
         if until.is_some_and(|u| Instant::now() >= u) {
             return false;
-        }
-        for p in live {
-            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
         }
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(10));

@@ -18,6 +18,8 @@
 //!   stopped then lockrun SIGKILLed (under a subreaper parent in the same session, in and
 //!   out of a PID namespace), lockrun stopped then its guard SIGKILLed, the job stopping
 //!   its own guard, once or again and again, and a tracer holding the guard;
+//! - `storm`: lockrun SIGKILLed during a fork storm (issue 39, case 3): no next holder
+//!   beside a process of it, and none left after a generous wait;
 //! - `boundary`: which boundary a run has (a cgroup of its own, or the process tree
 //!   when lockrun runs unprivileged), said at `-v`.
 //!
@@ -29,6 +31,7 @@ mod end_paths;
 mod kill_paths;
 mod stderr;
 mod stopped;
+mod storm;
 
 use std::thread;
 
