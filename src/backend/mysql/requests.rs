@@ -92,6 +92,26 @@ impl MysqlBackend {
             .ok_or_else(|| Fail::Lock(unexpected(self)))
     }
 
+    /// Property 8: an acquisition that added a row (a name without one) deletes a few
+    /// rows of other names unused for a day, so the table holds about a day's worth of
+    /// names; rows another step has locked are skipped, never waited for.
+    async fn sweep(&self, tx: &mut Transaction<'_>, key: &str, name: &Name) -> Result<(), Fail> {
+        // A row just made: the name was never taken (or its row was swept).
+        if !name
+            .head
+            .as_ref()
+            .is_some_and(|h| h.fence == 0 && h.record_ms == 0)
+        {
+            return Ok(());
+        }
+        let (from, to) = (format!("{key}#"), format!("{key}$"));
+        let unused: Vec<Vec<u8>> = tx.exec(&self.sql.unused, (key, from, to)).await?;
+        for key in unused {
+            tx.exec_drop(&self.sql.delete, (key,)).await?;
+        }
+        Ok(())
+    }
+
     /// One try at taking a slot of `key` (see [`super`]).
     async fn try_acquire(
         &self,
@@ -102,6 +122,7 @@ impl MysqlBackend {
     ) -> Result<Acquire, Fail> {
         tx.exec_drop(&self.sql.lock_name, (key,)).await?;
         let name = self.read(tx, key).await?;
+        self.sweep(tx, key, &name).await?;
         if let Some(theirs) = name.conflict(self.slots) {
             return Err(Fail::Lock(slots_conflict(theirs, self.slots)));
         }

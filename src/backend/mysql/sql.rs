@@ -11,6 +11,14 @@ use crate::backend::{Holder, MAX_SLOTS};
 /// time folds it).
 pub(super) const NOW_MS: &str = "CAST(FLOOR(UNIX_TIMESTAMP(NOW(3)) * 1000) AS UNSIGNED)";
 
+/// How long a row stays once its lease ended and its record's keep passed: a day.
+/// Tokens come from the counter row, which is never deleted, so they keep increasing.
+pub(super) const RETENTION_MS: u64 = 24 * 3600 * 1000;
+
+/// How many unused rows an acquisition that adds a row deletes at most: more than the
+/// one it adds, so a backlog drains, and few, so the step stays short.
+pub(super) const SWEEP_BATCH: u32 = 4;
+
 /// The statements, with the table's name in them.
 pub(super) struct Sql {
     /// Creates the table if it is missing, and its counter row.
@@ -34,6 +42,10 @@ pub(super) struct Sql {
     pub queue: String,
     /// Deletes rows by key.
     pub delete: String,
+    /// Up to [`SWEEP_BATCH`] keys of rows unused for [`RETENTION_MS`] (lease ended and
+    /// record kept that long ago), locked, skipping rows another step has locked, none
+    /// of the name being taken (`?` as in [`Sql::rows`]).
+    pub unused: String,
     /// The name rows under a prefix (`?`: `PREFIX{`, `PREFIX|`), live or recorded.
     pub names: String,
 }
@@ -86,6 +98,12 @@ impl Sql {
                  ON DUPLICATE KEY UPDATE expires_ms = ?"
             ),
             delete: format!("DELETE FROM {t} WHERE lock_key = ?"),
+            unused: format!(
+                "SELECT lock_key FROM {t} WHERE lock_key <> '' \
+                 AND NOT (lock_key = ? OR (lock_key > ? AND lock_key < ?)) \
+                 AND expires_ms < {NOW_MS} - {RETENTION_MS} AND record_ms < {NOW_MS} - {RETENTION_MS} \
+                 LIMIT {SWEEP_BATCH} FOR UPDATE SKIP LOCKED"
+            ),
             names: format!(
                 "SELECT lock_key FROM {t} WHERE lock_key >= ? AND lock_key < ? \
                  AND (expires_ms > {NOW_MS} OR record_ms > {NOW_MS})"

@@ -186,3 +186,50 @@ fn runs_close_their_connections_politely() {
     busy.wait().assert_code(0);
     assert_eq!(settled(), before, "a connection was dropped, not closed");
 }
+
+/// Property 8 (docs/guarantees.md): rows of names unused for a day are deleted by an
+/// acquisition that adds a row, a few at a time; a row whose record is still kept, and
+/// the counter, stay, and tokens keep increasing.
+#[test]
+fn rows_of_names_unused_for_a_day_are_deleted() {
+    let server = PrivateMysql::start();
+    let url = server.url();
+    let first = token(&url, "old");
+    token(&url, "kept");
+    let db = server.db("lockrun");
+    let two_days = "CAST(FLOOR(UNIX_TIMESTAMP(NOW(3)) * 1000) AS UNSIGNED) - 172800000";
+    // "old": its lease and its record ended two days ago; "kept": its lease too, but
+    // its record is kept a while yet.
+    db.exec(&format!(
+        "UPDATE lockrun_locks SET expires_ms = {two_days}, record_ms = {two_days} \
+         WHERE lock_key = 'lockrun:{{old}}'"
+    ));
+    db.exec(&format!(
+        "UPDATE lockrun_locks SET expires_ms = {two_days} WHERE lock_key = 'lockrun:{{kept}}'"
+    ));
+    let count = |key: &str| {
+        db.value(&format!(
+            "SELECT COUNT(*) FROM lockrun_locks WHERE lock_key = '{key}'"
+        ))
+    };
+    // A name that has a row adds none: nothing is swept.
+    token(&url, "kept");
+    assert_eq!(count("lockrun:{old}").as_deref(), Some("1"));
+    // A new name adds one: the unused row goes.
+    let later = token(&url, "new");
+    assert_eq!(
+        count("lockrun:{old}").as_deref(),
+        Some("0"),
+        "the unused row stays"
+    );
+    assert_eq!(
+        count("lockrun:{kept}").as_deref(),
+        Some("1"),
+        "a kept record went"
+    );
+    assert_eq!(count("").as_deref(), Some("1"), "the counter row went");
+    assert!(
+        token(&url, "old") > later && later > first,
+        "tokens must increase"
+    );
+}
