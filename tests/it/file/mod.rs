@@ -149,11 +149,26 @@ fn after_a_crash_the_lock_is_free_at_once_without_a_waiter() {
     let reaper = Reaper::default();
     let cmd = lockrun_run(&f.lock_url(), "job", &["--ttl", "30s"], &sh(SLEEPER));
     let (mut h, pid) = spawn_recording_pid(cmd, &s, &reaper);
+    // The command's parent: lockrun's guard, which keeps the lock file open until the
+    // whole job is dead.
+    let guard = parent_of(pid);
     h.signal(Signal::SIGKILL);
     h.wait();
     wait_until("the command died with its lockrun", WAIT, || is_dead(pid));
+    wait_until("the guard ended after the job", WAIT, || is_dead(guard));
     run(admin(&f, "status", &["job"])).assert_code(1);
     run(lockrun_run(&f.lock_url(), "job", &[], &["true"])).assert_code(0);
+}
+
+/// The parent process of `pid`, from /proc/PID/stat (the field after the name).
+fn parent_of(pid: i32) -> i32 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).expect("the command's stat");
+    let after_name = stat.rsplit_once(')').expect("a name in parentheses").1;
+    after_name
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .expect("a parent pid")
 }
 
 #[test]
