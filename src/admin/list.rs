@@ -79,14 +79,13 @@ async fn holders(
     backend: &AnyBackend,
     name: &str,
 ) -> Result<Vec<Holder>, String> {
-    let theirs = match tokio::time::timeout(TIMEOUT, backend.inspect(name)).await {
-        Ok(Ok(h)) => match h.iter().map(|h| h.slots).find(|&n| n != cfg.slots) {
+    let theirs = match within(backend.inspect(name)).await? {
+        Ok(h) => match h.iter().map(|h| h.slots).find(|&n| n != cfg.slots) {
             None => return Ok(h),
             Some(n) => n,
         },
-        Ok(Err(BackendError::SlotsConflict { theirs, .. })) => theirs,
-        Ok(Err(e)) => return Err(e.to_string()),
-        Err(_) => return Err("the backend did not answer within 5s".into()),
+        Err(BackendError::SlotsConflict { theirs, .. }) => theirs,
+        Err(e) => return Err(e.to_string()),
     };
     let as_theirs = BackendConfig {
         slots: theirs,
@@ -99,11 +98,17 @@ async fn holders(
 async fn ask<T>(
     request: impl std::future::Future<Output = Result<T, BackendError>>,
 ) -> Result<T, String> {
-    match tokio::time::timeout(TIMEOUT, request).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("the backend did not answer within 5s".into()),
-    }
+    within(request).await?.map_err(|e| e.to_string())
+}
+
+/// One request's answer, or the line of a backend that did not answer within
+/// [`TIMEOUT`].
+async fn within<T>(
+    request: impl std::future::Future<Output = Result<T, BackendError>>,
+) -> Result<Result<T, BackendError>, String> {
+    tokio::time::timeout(TIMEOUT, request)
+        .await
+        .map_err(|_| "the backend did not answer within 5s".into())
 }
 
 /// The N the holders were taken with (1 when free).
