@@ -1,6 +1,6 @@
 //! Which tests run side by side. The test harness runs the tests of this one binary on
 //! parallel threads (as many as the machine has cores, or `RUST_TEST_THREADS`: at least
-//! 4 under `scripts/test`; the rules below hold for any number). Most of them spend
+//! 6 under `scripts/test`; the rules below hold for any number). Most of them spend
 //! their time waiting for processes and may share the machine; a few load it heavily or
 //! measure time over long stretches (the soak, many contending lockruns) and run alone.
 //!
