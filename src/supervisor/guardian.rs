@@ -300,7 +300,7 @@ fn read_orders(
                     c.remove();
                 }
                 marks::mark("g_cgroup_removed");
-                exit_now(0)
+                let_go_and_exit()
             }
             Ok(Some((ToGuard::Done, _))) => contain_and_exit(cgroup),
             Ok(Some((ToGuard::Spawn(_), _))) => {}
@@ -386,6 +386,22 @@ fn kill_job(cgroup: Option<&Cgroup>, mut between: impl FnMut()) {
 /// it kills the tree too: a process in an uninterruptible sleep (a hung NFS read) can
 /// keep a cgroup populated for long, and the tree must be read anyway.
 const CGROUP_EMPTIES: Duration = Duration::from_millis(200);
+
+/// The end of a run whose job is gone and reaped: closes every descriptor at once (the
+/// socket, whose end of file lockrun waits for before it releases the lock; the lock
+/// file's descriptors; the standard streams that a caller reading lockrun's output to
+/// its end waits for), then exits. The kernel's teardown of the guard's memory, which
+/// comes before it closes files at exit, then runs beside lockrun's release instead of
+/// before it. Without `close_range` (Linux before 5.9) the exit closes them.
+#[allow(unsafe_code)]
+fn let_go_and_exit() -> ! {
+    // SAFETY: closes this process's descriptors; nothing below uses one (the marks are
+    // written through a file opened anew).
+    unsafe {
+        nix::libc::syscall(nix::libc::SYS_close_range, 0u32, u32::MAX, 0u32);
+    }
+    exit_now(0)
+}
 
 /// Ends the guard without running anything of lockrun's (no destructors, no exit
 /// handlers, no buffers that lockrun filled before the fork).

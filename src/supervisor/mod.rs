@@ -18,8 +18,8 @@
 //! re-parented to lockrun, which kills it and exits 124. A stopped guard is continued
 //! ([`Job::guard_stopped`]; `guard.rs`, "Stops", has the whole story).
 //!
-//! Every `waitpid` of lockrun happens here, with `-1`: as PID 1 (a container) or
-//! subreaper, lockrun reaps every orphan. ESRCH from a signal means the target is
+//! Every `waitpid` of lockrun happens here, with `-1` (but the last one, of the guard:
+//! [`reap_guard`]): as PID 1 (a container) or subreaper, lockrun reaps every orphan. ESRCH from a signal means the target is
 //! already gone and is not an error.
 //!
 //! A forwarded signal that was ignored when lockrun started (`nohup` ignores SIGHUP,
@@ -290,6 +290,21 @@ impl Job {
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
+    }
+}
+
+/// Waits at most `limit` for the guard to be gone and reaps it. lockrun calls it last,
+/// after the release: the guard closes its descriptors before it exits (lockrun's
+/// [`Job::done`] returns then), so the kernel's teardown of the guard runs beside the
+/// release, and still nothing of the run outlives lockrun. (A `waitpid` of one pid:
+/// the guard may have been reaped with `-1` already, and then there is nothing to do.)
+pub fn reap_guard(guard: Pid, limit: Duration) {
+    let until = Instant::now() + limit;
+    while let Ok(WaitStatus::StillAlive) = waitpid(guard, Some(WaitPidFlag::WNOHANG)) {
+        if Instant::now() >= until {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(100));
     }
 }
 

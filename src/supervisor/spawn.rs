@@ -137,31 +137,128 @@ pub fn spawn_into(exec: &Exec, cgroup: BorrowedFd<'_>, parent: Pid) -> Result<Pi
         .map(|a| a.as_ptr())
         .chain(std::iter::once(std::ptr::null()))
         .collect();
+    let ctx = ChildCtx {
+        exec,
+        argv: &argv,
+        envp: &envp,
+        report: write_end.as_raw_fd(),
+        parent,
+    };
+    let pid = clone_into(cgroup, &ctx);
+    if pid < 0 {
+        return Err(Refused::Clone);
+    }
+    drop(write_end);
+    exec_result(read_end, Pid::from_raw(pid as i32))
+}
+
+/// What the child needs between `clone3` and `execve`, all prepared before the call.
+struct ChildCtx<'a> {
+    exec: &'a Exec,
+    argv: &'a [*const c_char],
+    envp: &'a [*const c_char],
+    /// The pipe's write end, closed at a successful exec.
+    report: i32,
+    parent: Pid,
+}
+
+/// The child's stack on x86_64 (see [`clone_into`]): the child makes system calls
+/// only, with a few frames of its own.
+#[cfg(target_arch = "x86_64")]
+const CHILD_STACK: usize = 64 * 1024;
+
+/// `clone3` into `cgroup`, the child running [`child`] on `ctx`; the child's pid, or
+/// a negative number when `clone3` was refused.
+///
+/// On x86_64 the child shares this process's memory until it executes (`CLONE_VM |
+/// CLONE_VFORK`, as `posix_spawn` does): no page table is copied for it and none torn
+/// down at its exec, and this thread sleeps until it has executed or exited. It runs on
+/// a stack of its own, entered in assembly straight from the system call, so that it
+/// never returns through a frame this thread will use again. Elsewhere it is a fork.
+fn clone_into(cgroup: BorrowedFd<'_>, ctx: &ChildCtx<'_>) -> i64 {
     let mut args = CloneArgs {
         flags: CLONE_INTO_CGROUP,
         exit_signal: libc::SIGCHLD as u64,
         cgroup: cgroup.as_raw_fd() as u64,
         ..CloneArgs::default()
     };
+    #[cfg(target_arch = "x86_64")]
+    return clone_sharing(&mut args, ctx);
+    #[cfg(not(target_arch = "x86_64"))]
+    return clone_forking(&mut args, ctx);
+}
+
+/// x86_64's `clone3` for [`clone_into`]: the child shares this process's memory, on a
+/// stack of its own, until it executes.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+fn clone_sharing(args: &mut CloneArgs, ctx: &ChildCtx<'_>) -> i64 {
+    // 16-byte units, so that the top of the stack is aligned as a call needs.
+    let mut stack = vec![0u128; CHILD_STACK / 16];
+    args.flags |= (libc::CLONE_VM | libc::CLONE_VFORK) as u64;
+    args.stack = stack.as_mut_ptr() as u64;
+    args.stack_size = CHILD_STACK as u64;
+    let ret: i64;
+    // SAFETY: clone3 with CLONE_VM | CLONE_VFORK and a stack of its own: the child
+    // starts on `stack` right after the `syscall` instruction, calls `child_entry` with
+    // `ctx` (r12 is kept across the system call) and never comes back; it writes
+    // nothing but its own stack and makes async-signal-safe system calls. This thread
+    // resumes once the child has executed or exited, with `stack` and `ctx` still
+    // alive; its own stack is untouched (`nostack`).
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "and rsp, -16",
+            "mov rdi, r12",
+            "call {entry}",
+            "ud2",
+            "2:",
+            entry = sym child_entry,
+            inlateout("rax") libc::SYS_clone3 => ret,
+            in("rdi") args as *mut CloneArgs,
+            in("rsi") std::mem::size_of::<CloneArgs>(),
+            in("r12") ctx as *const ChildCtx<'_>,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    drop(stack);
+    ret
+}
+
+/// Other architectures' `clone3` for [`clone_into`]: a fork.
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(unsafe_code)]
+fn clone_forking(args: &mut CloneArgs, ctx: &ChildCtx<'_>) -> i64 {
     // SAFETY: clone3 without CLONE_VM is a fork: the child gets a copy of this
     // (single-threaded) process and runs only `child`, which makes async-signal-safe
     // calls on memory prepared before the call and never returns.
     let pid = unsafe {
         libc::syscall(
             libc::SYS_clone3,
-            &mut args as *mut CloneArgs,
+            args as *mut CloneArgs,
             std::mem::size_of::<CloneArgs>(),
         )
     };
-    if pid < 0 {
-        return Err(Refused::Clone);
-    }
     if pid == 0 {
         // SAFETY: see above; the pointers stay valid (this is a copy of the memory).
-        unsafe { child(exec, &argv, &envp, write_end.as_raw_fd(), parent) }
+        unsafe { child_entry(ctx) }
     }
-    drop(write_end);
-    exec_result(read_end, Pid::from_raw(pid as i32))
+    pid
+}
+
+/// The child's first Rust code after `clone3`: never returns.
+#[allow(unsafe_code)]
+unsafe extern "C" fn child_entry(ctx: *const ChildCtx<'_>) -> ! {
+    // SAFETY: `ctx` points to the parent's `ChildCtx`, alive until the child executes
+    // or exits (the parent waits for that, or this is a copy of its memory).
+    unsafe {
+        let ctx = &*ctx;
+        child(ctx.exec, ctx.argv, ctx.envp, ctx.report, ctx.parent)
+    }
 }
 
 /// Waits for the child's `execve`: the end of file on `read_end` (closed at a
