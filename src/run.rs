@@ -101,7 +101,7 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
         release(cfg, backend, &taken.token, hold, run_end(ended.outcome)).await;
     }
     marks::mark("released");
-    crate::supervisor::reap_guard(guard_pid, GUARD_TEARDOWN);
+    crate::supervisor::reap_guard(guard_pid);
     // After the release: a slow ping server never holds the lock.
     if let Some(pinger) = pinger {
         pinger.end(ended.outcome.exit_code(), &mut signals).await;
@@ -113,10 +113,6 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
         held: hold,
     }
 }
-
-/// How long lockrun waits at its end for its guard, which has let go of everything, to
-/// finish exiting.
-const GUARD_TEARDOWN: Duration = Duration::from_millis(100);
 
 /// Gives the guard the lease's deadline before the command exists (the supervise loop
 /// sends each later one), and sets lockrun's own alarm to it: stopped from now on,
