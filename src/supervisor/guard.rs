@@ -208,9 +208,10 @@ impl Guard {
         }
     }
 
-    /// Tells the guard the run is over: it lets go of the lock's descriptors, removes
-    /// the cgroup and exits. Waits at most `limit` for it to be gone (its end of the
-    /// socket closed), so that nothing of the run outlives lockrun; true if it is.
+    /// Tells the guard the run is over: it removes the cgroup, closes every descriptor
+    /// (the lock's among them) and exits. Waits at most `limit` for it to have let go
+    /// of everything (its end of the socket closed); true if it has. Its exit may still
+    /// be under way then: it holds nothing, and lockrun does not wait for it.
     pub fn done(&self, limit: Duration) -> bool {
         if wire::send(self.sock.as_fd(), &ToGuard::Done, &[]).is_err() {
             return true;
