@@ -94,14 +94,12 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
             return report(fail(&msg));
         }
     };
-    let guard_pid = guard.pid();
     let (ended, pinger) = job(cfg, backend, guard, &env, &mut signals, &taken, timer).await;
     let hold = BootInstant::now().saturating_since(taken.sent_at);
     if ended.lease == LeaseAtEnd::Ours {
         release(cfg, backend, &taken.token, hold, run_end(ended.outcome)).await;
     }
     marks::mark("released");
-    crate::supervisor::reap_guard(guard_pid);
     // After the release: a slow ping server never holds the lock.
     if let Some(pinger) = pinger {
         pinger.end(ended.outcome.exit_code(), &mut signals).await;

@@ -18,9 +18,9 @@
 //! re-parented to lockrun, which kills it and exits 124. A stopped guard is continued
 //! ([`Job::guard_stopped`]; `guard.rs`, "Stops", has the whole story).
 //!
-//! Every `waitpid` of lockrun happens here, with `-1` (but the last one, of the guard:
-//! [`reap_guard`]): as PID 1 (a container) or subreaper, lockrun reaps every orphan.
-//! ESRCH from a signal means the target is already gone and is not an error.
+//! Every `waitpid` of lockrun happens here, with `-1`: as PID 1 (a container) or
+//! subreaper, lockrun reaps every orphan. ESRCH from a signal means the target is
+//! already gone and is not an error.
 //!
 //! A forwarded signal that was ignored when lockrun started (`nohup` ignores SIGHUP,
 //! `trap '' INT` SIGINT) gets no handler: lockrun neither forwards it nor dies of it,
@@ -272,8 +272,9 @@ impl Job {
         }
     }
 
-    /// Tells the guard the job is over: it lets go of the lock's descriptors, removes
-    /// the cgroup and exits; lockrun waits at most [`GUARD_EXIT`] for that, then removes
+    /// Tells the guard the job is over: it removes the cgroup, closes every descriptor
+    /// (the lock's among them) and exits; lockrun waits at most [`GUARD_EXIT`] for it
+    /// to have let go (not for its exit, which runs beside the release), then removes
     /// the cgroup itself if it is still there (the guard lost, or slow to end).
     /// A cgroup still holding a zombie (an orphan of the job re-parented to lockrun
     /// that it has not reaped yet) cannot be removed: lockrun reaps and tries again.
@@ -293,20 +294,10 @@ impl Job {
     }
 }
 
-/// Reaps the guard if it is gone already, without waiting. lockrun calls it last,
-/// after the release: at the end of a run the guard closes every descriptor before it
-/// exits ([`Job::done`] returns then), holding nothing and guarding nothing from then
-/// on, and the kernel's teardown of its memory (about a quarter of a millisecond) runs
-/// beside lockrun's release and exit instead of before them. A guard still exiting
-/// then is reaped by lockrun's parent (or the nearest subreaper) like any orphan. (A
-/// `waitpid` of one pid: the guard may have been reaped with `-1` already.)
-pub fn reap_guard(guard: Pid) {
-    let _ = waitpid(guard, Some(WaitPidFlag::WNOHANG));
-}
-
-/// How long lockrun waits, once the job is gone, for the guard to end before it
-/// releases the lock and exits: the guard has nothing left to do but reap, remove the
-/// cgroup and exit, which takes well under a millisecond on an idle machine.
+/// How long lockrun waits, once the job is gone, for the guard to let go of everything
+/// before it releases the lock: the guard has nothing left to do but reap, remove the
+/// cgroup and close its descriptors, which takes well under a millisecond on an idle
+/// machine. A guard still exiting after that is reaped like any orphan.
 const GUARD_EXIT: Duration = Duration::from_secs(2);
 
 /// Between fork and exec of the command (in the guard, when it is not born in a
