@@ -23,7 +23,7 @@ use crate::lease::Params;
 use crate::log::{emit, Event, Level};
 use crate::metrics::RunReport;
 use crate::outcome::Outcome;
-use crate::supervisor::{Boundary, Guard, Job, Signals, SpawnError};
+use crate::supervisor::{self, Boundary, Guard, Job, Signals, SpawnError};
 use crate::units::ms;
 use acquire::{abandon, acquire, splay};
 use ping::Pinger;
@@ -94,12 +94,17 @@ pub async fn run<B: Backend>(cfg: &RunConfig, backend: &B, guard: Guard) -> RunR
             return report(fail(&msg));
         }
     };
-    let (ended, pinger) = job(cfg, backend, guard, &env, &mut signals, &taken, timer).await;
+    let (ended, pinger, job) = job(cfg, backend, guard, &env, &mut signals, &taken, timer).await;
     let hold = BootInstant::now().saturating_since(taken.sent_at);
     if ended.lease == LeaseAtEnd::Ours {
         release(cfg, backend, &taken.token, hold, run_end(ended.outcome)).await;
     }
     marks::mark("released");
+    // The guard let go meanwhile (a `file://` lock is free only once it has).
+    if let Some(job) = job {
+        job.finish();
+    }
+    marks::mark("guard_gone");
     // After the release: a slow ping server never holds the lock.
     if let Some(pinger) = pinger {
         pinger.end(ended.outcome.exit_code(), &mut signals).await;
@@ -141,7 +146,8 @@ fn continue_alarm(first: Duration) -> Option<ContinueAt> {
 }
 
 /// Starts the command (and `--ping`'s start ping) and supervises it until its whole
-/// group is gone.
+/// group is gone; the guard has been told so (returned for [`Job::finish`] after the
+/// release).
 async fn job<B: Backend>(
     cfg: &RunConfig,
     backend: &B,
@@ -150,7 +156,7 @@ async fn job<B: Backend>(
     signals: &mut Signals,
     taken: &Taken,
     timer: Timer,
-) -> (Ended, Option<Pinger>) {
+) -> (Ended, Option<Pinger>, Option<Job>) {
     let hold = backend.lock_fds(cfg.name.as_str());
     let alarm = first_deadline(cfg, taken, &guard);
     // The run's duration for `--ping`: from before the command's start.
@@ -162,14 +168,20 @@ async fn job<B: Backend>(
             log_contained(&job);
             let pinger = Pinger::start(cfg, taken, starting);
             let timers = (timer, alarm);
+            // Off the run's way: a task of its own, dropped with the run if it is short.
+            let trim = tokio::spawn(async {
+                tokio::time::sleep(supervisor::TRIM_AFTER).await;
+                supervisor::give_back_program_pages();
+            });
             let ended = supervise(cfg, backend, signals, &mut job, taken, timers).await;
+            trim.abort();
             marks::mark("job_gone");
-            // The whole job is gone: the guard may let go of the lock's files.
+            // The whole job is gone: the guard may let go of the lock's files, beside
+            // the release.
             job.done();
-            marks::mark("guard_gone");
-            (ended, pinger)
+            (ended, pinger, Some(job))
         }
-        Err(e) => (spawn_failed(cfg, e), None),
+        Err(e) => (spawn_failed(cfg, e), None, None),
     }
 }
 

@@ -79,8 +79,9 @@ pub(super) async fn supervise<B: Backend>(
         let actions = machine.step(event, now);
         tell_deadline(job, &mut alarm, &machine, &mut told);
         signal_job(cfg, job, actions.signal, event);
-        if event == Event::Tick {
-            // After any kill: a read of /proc is no reason to wait.
+        // After any kill: a read of /proc is no reason to wait. Nor is it once the job
+        // is over: the release is next.
+        if event == Event::Tick && !(end.leader.is_some() && end.empty) {
             warn_if_traced(job);
         }
         if !machine.holds_lease() {

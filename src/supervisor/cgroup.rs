@@ -38,7 +38,6 @@ impl Cgroup {
     /// kernel has `cgroup.kill`.
     pub fn create(id: u32) -> Option<Cgroup> {
         let (base, own) = base()?;
-        sweep(&base);
         let mut name = format!("lockrun-{id}");
         let mut dir = base.join(&name);
         if let Err(e) = fs::create_dir(&dir) {
@@ -63,6 +62,15 @@ impl Cgroup {
             return None;
         }
         Some(cg)
+    }
+
+    /// Removes the empty `lockrun-*` cgroups beside this one that lockruns which died
+    /// with their guard left behind ([`sweep`]): done by the guard once the command
+    /// runs, off the way of its start.
+    pub fn sweep_beside(&self) {
+        if let Some(base) = self.dir.parent() {
+            sweep(base);
+        }
     }
 
     /// The cgroups a guard that died before it told lockrun where it started the

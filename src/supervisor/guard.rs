@@ -209,13 +209,16 @@ impl Guard {
     }
 
     /// Tells the guard the run is over: it removes the cgroup, closes every descriptor
-    /// (the lock's among them) and exits. Waits at most `limit` for it to have let go
-    /// of everything (its end of the socket closed); true if it has. Its exit may still
-    /// be under way then: it holds nothing, and lockrun does not wait for it.
-    pub fn done(&self, limit: Duration) -> bool {
-        if wire::send(self.sock.as_fd(), &ToGuard::Done, &[]).is_err() {
-            return true;
-        }
+    /// (the lock's among them) and exits. Never waits: [`Guard::let_go_within`] waits
+    /// for it to have let go. False if the guard is gone already (nothing to wait for).
+    pub fn done(&self) -> bool {
+        wire::send(self.sock.as_fd(), &ToGuard::Done, &[]).is_ok()
+    }
+
+    /// After [`Guard::done`]: waits at most `limit` for the guard to have let go of
+    /// everything (its end of the socket closed); true if it has. Its exit may still be
+    /// under way then: it holds nothing, and lockrun does not wait for it.
+    pub fn let_go_within(&self, limit: Duration) -> bool {
         let until = Instant::now() + limit;
         loop {
             match self.try_report() {

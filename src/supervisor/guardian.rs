@@ -125,6 +125,9 @@ fn start_and_report(
             marks::mark("g_command_execd");
             let _ = wire::send(sock.as_fd(), &report, &[]);
             let_go_of_the_commands_files();
+            if let Some(c) = &cgroup {
+                c.sweep_beside();
+            }
             (leader, cgroup)
         }
         Err(e) => {
@@ -235,6 +238,8 @@ fn watch(
     let mut leader_reported = false;
     let mut empty_reported = false;
     let mut armed = None;
+    // When the guard gives back the program's pages (`trim.rs`); `None` once it has.
+    let mut trim_at = Some(since_boot() + super::TRIM_AFTER);
     loop {
         if deadline != armed {
             if let (Some(d), Some(alarm)) = (deadline, held.alarm.as_mut()) {
@@ -246,16 +251,8 @@ fn watch(
             PollFd::new(sock.as_fd(), PollFlags::POLLIN),
             PollFd::new(sfd.as_fd(), PollFlags::POLLIN),
         ];
-        let timeout = match deadline {
-            None => PollTimeout::NONE,
-            Some(d) => {
-                let left = d.saturating_sub(since_boot());
-                // Rounded up: never wake before the deadline and spin.
-                let ms = left.as_nanos().div_ceil(1_000_000);
-                PollTimeout::from(u16::try_from(ms).unwrap_or(u16::MAX))
-            }
-        };
-        match poll(&mut fds, timeout) {
+        let wake = [deadline, trim_at].into_iter().flatten().min();
+        match poll(&mut fds, poll_timeout(wake)) {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(_) => contain_and_exit(cgroup),
         }
@@ -264,6 +261,10 @@ fn watch(
             // job must not outlive the lease; lockrun sees it gone when it runs again.
             deadline = None;
             kill_job(cgroup, || {});
+        }
+        if trim_at.is_some_and(|t| since_boot() >= t) {
+            trim_at = None;
+            super::give_back_program_pages();
         }
         while let Ok(Some(_)) = sfd.read_signal() {}
         let (exit, empty) = reap(leader);
@@ -308,6 +309,21 @@ fn read_orders(
             Err(e) if e.raw_os_error() == Some(Errno::EAGAIN as i32) => return,
             // lockrun is gone: the job must not outlive it.
             Ok(None) | Err(_) => contain_and_exit(cgroup),
+        }
+    }
+}
+
+/// The poll timeout until `wake` (time since boot; `None`: no timeout), rounded up:
+/// never wake before it and spin.
+fn poll_timeout(wake: Option<Duration>) -> PollTimeout {
+    match wake {
+        None => PollTimeout::NONE,
+        Some(w) => {
+            let ms = w
+                .saturating_sub(since_boot())
+                .as_nanos()
+                .div_ceil(1_000_000);
+            PollTimeout::from(u16::try_from(ms).unwrap_or(u16::MAX))
         }
     }
 }

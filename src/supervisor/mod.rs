@@ -13,6 +13,9 @@
 //! - [`tree`]: the descendants of a pid read from `/proc`, signalled one by one (the
 //!   command's own group first, with `killpg`).
 //!
+//! [`trim`]: once the command has run a while, lockrun and its guard give back the
+//! pages of the program that start-up mapped.
+//!
 //! lockrun makes itself a child subreaper too: if the guard dies, the command dies of
 //! its parent-death signal (SIGKILL, tied to the guard) and the rest of the job is
 //! re-parented to lockrun, which kills it and exits 124. A stopped guard is continued
@@ -32,6 +35,7 @@ mod guard;
 mod guardian;
 mod spawn;
 mod tree;
+mod trim;
 mod wire;
 
 use std::io;
@@ -47,6 +51,7 @@ use nix::unistd::{getpid, getppid, Pid};
 use tokio::signal::unix::{signal, Signal as SignalStream, SignalKind};
 
 pub use guard::{Boundary, Guard};
+pub use trim::{give_back_program_pages, TRIM_AFTER};
 pub use wire::FromGuard;
 
 /// How the command's leader process ended.
@@ -103,6 +108,8 @@ pub struct Job {
     guard_continued: Option<Instant>,
     /// The last tracer of the guard lockrun saw.
     guard_tracer: Option<i32>,
+    /// [`Job::done`] reached the guard: [`Job::finish`] waits for it to let go.
+    told_done: bool,
 }
 
 /// What lockrun made of its guard found stopped (see [`Job::guard_stopped`]).
@@ -137,6 +144,7 @@ impl Job {
             guard_gone: false,
             guard_continued: None,
             guard_tracer: None,
+            told_done: false,
         })
     }
 
@@ -272,18 +280,27 @@ impl Job {
         }
     }
 
-    /// Tells the guard the job is over: it removes the cgroup, closes every descriptor
-    /// (the lock's among them) and exits; lockrun waits at most [`GUARD_EXIT`] for it
-    /// to have let go (not for its exit, which runs beside the release), then removes
-    /// the cgroup itself if it is still there (the guard lost, or slow to end).
-    /// A cgroup still holding a zombie (an orphan of the job re-parented to lockrun
-    /// that it has not reaped yet) cannot be removed: lockrun reaps and tries again.
-    pub fn done(&self) {
-        let until = Instant::now() + GUARD_EXIT;
+    /// Tells the guard the job is over (lockrun saw it gone): it removes the cgroup,
+    /// closes every descriptor (the lock's among them) and exits. Never waits, so that
+    /// lockrun's release runs beside the guard's end; [`Job::finish`] then waits for it.
+    pub fn done(&mut self) {
         if !self.guard_gone {
             // A guard stopped at this moment would make lockrun wait out GUARD_EXIT.
             let _ = nix::sys::signal::kill(self.guard.pid(), Signal::SIGCONT);
-            self.guard.done(GUARD_EXIT);
+            self.told_done = self.guard.done();
+        }
+    }
+
+    /// After [`Job::done`] (and the release): waits at most [`GUARD_EXIT`] for the
+    /// guard to have let go (not for its exit), so that a lock held through the guard's
+    /// descriptors (`file://`) is free when lockrun exits; then removes the cgroup
+    /// itself if it is still there (the guard lost, or slow to end). A cgroup still
+    /// holding a zombie (an orphan of the job re-parented to lockrun that it has not
+    /// reaped yet) cannot be removed: lockrun reaps and tries again.
+    pub fn finish(self) {
+        let until = Instant::now() + GUARD_EXIT;
+        if self.told_done {
+            self.guard.let_go_within(GUARD_EXIT);
         }
         if let Boundary::Cgroup(c) = &self.boundary {
             while !c.remove() && Instant::now() < until {

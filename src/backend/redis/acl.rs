@@ -2,7 +2,9 @@
 //! docs/backends.md, the tests and the error lines that name a missing permission. Part of
 //! [`super`].
 //!
-//! lockrun sends `EVAL` (every step is a script, see `scripts.rs`) and, to wait with
+//! lockrun sends `EVAL` and, for the acquire script once the server has it, `EVALSHA`
+//! (every step is a script, see `scripts.rs`; a user without `+evalsha` gets every
+//! script by `EVAL`) and, to wait with
 //! `--wait`, `SUBSCRIBE` to its own wake-up channel; the scripts call the commands in
 //! [`SCRIPT_COMMANDS`] on keys under the key prefix and `PUBLISH` to channels under it
 //! (`P{NAME}:wake:ID`); the acquire script also reads `INFO memory` (the eviction
@@ -17,7 +19,7 @@
 //! commands the Lua sources call.
 
 /// The commands lockrun itself sends once connected (besides `HELLO`/`AUTH`).
-pub const CLIENT_COMMANDS: [&str; 2] = ["eval", "subscribe"];
+pub const CLIENT_COMMANDS: [&str; 3] = ["eval", "evalsha", "subscribe"];
 
 /// The commands lockrun's scripts call, in alphabetical order.
 pub const SCRIPT_COMMANDS: [&str; 17] = [
@@ -105,7 +107,7 @@ mod tests {
     fn the_default_rule_reads_as_the_readme_states_it() {
         assert_eq!(
             setuser_line("lockrun", "lockrun:"),
-            "ACL SETUSER lockrun reset on >PASSWORD ~lockrun:* &lockrun:* +eval +subscribe \
+            "ACL SETUSER lockrun reset on >PASSWORD ~lockrun:* &lockrun:* +eval +evalsha +subscribe \
              +del +exists +get +hdel +hexists +hget +hmget +hset +info +pexpire +pttl \
              +publish +set +time +zadd +zrange +zrem"
         );

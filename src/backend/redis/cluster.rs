@@ -24,9 +24,7 @@
 //! redirect, gives no other node to ask (nor is it known to be a Cluster): give several
 //! seeds (`redis+cluster://`) to follow the failover of that node.
 //!
-//! Wake-ups of `--wait` stay `PUBLISH`/`SUBSCRIBE`: a Cluster sends every `PUBLISH` to
-//! every node, so the waiter's subscription, on whichever node it connected to, hears
-//! it; a reconnection to another node subscribes again.
+//! Wake-ups stay `PUBLISH`/`SUBSCRIBE`: a Cluster sends every `PUBLISH` to every node.
 //!
 //! A Redlock node or a Sentinel master follows no redirection: several `--url`s are a
 //! quorum of independent servers, and counting three nodes of one Cluster, which
@@ -42,7 +40,7 @@ use redis::{ErrorKind, ServerErrorKind, Value};
 
 use super::conn::{self, RedisConn};
 use super::errors::{describe, describe_in, Context};
-use super::scripts::{Keys, Script};
+use super::scripts::{wants_source, Keys, Script};
 use super::target::{Node, Seeds};
 use super::RedisBackend;
 use crate::backend::BackendError;
@@ -361,29 +359,29 @@ impl RedisBackend {
 
     /// Sends `cmd` (a command on lock `name`'s keys) and answers its reply, following
     /// the Cluster's redirections (see the module documentation). A failed call drops
-    /// the connection (so does an abandoned one).
+    /// the connection (so does an abandoned one). `source`: `cmd` is an `EVALSHA`, and
+    /// this makes its `EVAL`, sent instead where the server lacks the script.
     pub(super) async fn query(
         &self,
         name: &str,
         cmd: &redis::Cmd,
         script: Script,
+        source: Option<&dyn Fn() -> redis::Cmd>,
     ) -> Result<Value, BackendError> {
         let mut pause = TRYAGAIN_FIRST;
+        let mut by_source = None;
         for _ in 0..MAX_REDIRECTIONS {
+            let cmd = by_source.as_ref().unwrap_or(cmd);
             let c = self.conn(name).await?;
             let at = self.router.at(&self.display);
-            let mut conn = c.conn.clone();
-            self.router.sending();
-            let e = match cmd.query_async::<Value>(&mut conn).await {
-                Ok(v) => {
-                    self.router.answered();
-                    c.answered();
-                    return c.settle(Ok(v));
-                }
+            let e = match self.send(&c, cmd).await {
+                Ok(v) => return c.settle(Ok(v)),
                 Err(e) => e,
             };
-            if !is_connection_error(&e) {
-                self.router.answered();
+            if let Some(source) = source.filter(|_| by_source.is_none() && wants_source(&e)) {
+                c.keep();
+                by_source = Some(source());
+                continue;
             }
             let from = self.router.state().current.clone();
             match redirect_of(&e, from.as_ref()) {
@@ -398,7 +396,8 @@ impl RedisBackend {
                 }
                 Some(Ok(Redirect::Ask(node))) => {
                     c.keep();
-                    if let Some(v) = self.follow_ask(&node, cmd, script, &mut pause).await? {
+                    let to = (&node, source);
+                    if let Some(v) = self.follow_ask(to, cmd, script, &mut pause).await? {
                         return Ok(v);
                     }
                 }
@@ -422,17 +421,34 @@ impl RedisBackend {
         )))
     }
 
+    /// Sends `cmd` on `c`; tells the router and the connection what became of it.
+    async fn send(&self, c: &RedisConn, cmd: &redis::Cmd) -> redis::RedisResult<Value> {
+        let mut conn = c.conn.clone();
+        self.router.sending();
+        let reply = cmd.query_async::<Value>(&mut conn).await;
+        match &reply {
+            Ok(_) => {
+                self.router.answered();
+                c.answered();
+            }
+            Err(e) if !is_connection_error(e) => self.router.answered(),
+            Err(_) => {}
+        }
+        reply
+    }
+
     /// Follows an `ASK` redirection to `node`: its answer, or `None` to try again (a
     /// `TRYAGAIN`, after a pause that doubles up to [`TRYAGAIN_MAX`], or a further
-    /// redirection).
+    /// redirection). By `source` if given: the node the slot moves to may lack the script.
     async fn follow_ask(
         &self,
-        node: &(String, u16),
+        (node, source): (&Node, Option<&dyn Fn() -> redis::Cmd>),
         cmd: &redis::Cmd,
         script: Script,
         pause: &mut Duration,
     ) -> Result<Option<Value>, BackendError> {
-        match self.asking(node, cmd).await? {
+        let full = source.map(|f| f());
+        match self.asking(node, full.as_ref().unwrap_or(cmd)).await? {
             Ok(v) => Ok(Some(v)),
             Err(e) if is_tryagain(&e) => {
                 tokio::time::sleep(*pause).await;

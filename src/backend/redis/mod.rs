@@ -35,8 +35,12 @@
 //! there).
 //!
 //! Every step is one Lua script (`scripts::Script`), atomic on the server, sent with
-//! EVAL: one round trip, and nothing to reload after a server restart. Renew and
-//! release compare the stored token with ours before touching the key.
+//! EVAL: one round trip, and nothing to load beforehand or after a server restart. The
+//! acquire script goes by its digest (EVALSHA, the digest written in the code and
+//! checked by a unit test) first: the server neither reads nor hashes its 13 KB again.
+//! A server that lacks it (restarted, or never asked before) answers `NOSCRIPT`, and
+//! it goes again with EVAL, which keeps it there. Renew and release compare the stored
+//! token with ours before touching the key.
 //!
 //! Eviction (issue 12): a server with `maxmemory` set and a `maxmemory-policy` other
 //! than `noeviction` may evict a held lock (the `volatile-*` policies too: it has an
@@ -111,6 +115,14 @@ pub fn script_source(name: &str) -> Option<&'static str> {
         .into_iter()
         .find(|s| s.name() == name)
         .map(Script::source)
+}
+
+/// The SHA-1 (hex) of the script of that name, as `EVALSHA` names it.
+pub fn script_sha1(name: &str) -> Option<&'static str> {
+    Script::ALL
+        .into_iter()
+        .find(|s| s.name() == name)
+        .map(Script::sha1)
 }
 
 /// How long a waiter's heartbeat lasts; a waiter re-checks (and so renews it) at least
@@ -214,9 +226,26 @@ impl RedisBackend {
         args: &[&str],
     ) -> Result<T, BackendError> {
         let keys = Keys::new(&self.key_prefix, name).for_script(script, self.slots, taken);
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(script.source()).arg(keys.len()).arg(keys).arg(args);
-        let value = self.query(name, &cmd, script).await?;
+        // By its digest where the script says so: the server need not read and hash
+        // the source again. The source itself when the server does not have the
+        // script yet (then it keeps it) or will not run EVALSHA (an ACL of an earlier
+        // release: asked no more).
+        let call = |by_source: bool| {
+            let mut cmd = redis::cmd(if by_source { "EVAL" } else { "EVALSHA" });
+            let body = if by_source {
+                script.source()
+            } else {
+                script.sha1()
+            };
+            cmd.arg(body).arg(keys.len()).arg(&keys).arg(args);
+            cmd
+        };
+        let by_digest = script.by_digest() && !scripts::NO_EVALSHA.load(Ordering::Relaxed);
+        let source = || call(true);
+        let fallback = by_digest.then_some(&source as &dyn Fn() -> redis::Cmd);
+        let value = self
+            .query(name, &call(!by_digest), script, fallback)
+            .await?;
         replies::parse(script, value).map_err(|bad| {
             BackendError::Refused(format!("Redis at {} gave {}", self.server(), bad.0))
         })

@@ -138,6 +138,28 @@ fn the_documented_rule_is_enough_for_every_operation() {
 
     let log = acl_log(&redis);
     assert!(log.is_empty(), "the server denied something: {log:?}");
+    // The acquire script went by digest once the server had it.
+    assert!(calls(&redis, "evalsha") > 0, "no EVALSHA ran");
+}
+
+/// A user made with the rule of a release before EVALSHA (`+eval` only) still locks,
+/// waits and is handed the lock: lockrun sends the scripts by source then.
+#[test]
+fn the_rule_without_evalsha_still_locks() {
+    let redis = RedisServer::start();
+    setuser(&redis, &rule_without("+evalsha"));
+    let url = url_of(&redis, "locker");
+    run(lockrun_run(&url, "job", &[], &sh("exit 6"))).assert_code(6);
+    let s = Scratch::new();
+    let (mut holder, _) = start_holder(&url, "job", &s, &[]);
+    let w = Scratch::new();
+    let mut waiter = queued_waiter(&redis, &url, "job", &[], &w);
+    s.touch("go");
+    holder.wait().assert_code(0);
+    waiter.wait().assert_code(0);
+    assert!(w.exists("ran"));
+    assert_eq!(calls(&redis, "evalsha"), 0, "the server ran an EVALSHA");
+    assert!(calls(&redis, "eval") >= 4);
 }
 
 /// The rule for the default prefix without `what` (a `+command` or a pattern).
@@ -177,7 +199,12 @@ fn a_command_missing_from_the_rule_is_named_with_its_grant() {
     let url = url_of(&redis, "locker");
     // Each is called by the acquire script of a free lock, or sent by lockrun itself.
     for command in ["pttl", "time", "hset", "set", "get", "pexpire", "eval"] {
-        setuser(&redis, &rule_without(&format!("+{command}")));
+        let mut rule = rule_without(&format!("+{command}"));
+        if command == "eval" {
+            // Neither way to run a script (EVALSHA alone runs those the server has).
+            rule = rule.replace(" +evalsha", "");
+        }
+        setuser(&redis, &rule);
         let s = Scratch::new();
         let f = try_run(&url, &[], &s);
         let upper = command.to_ascii_uppercase();

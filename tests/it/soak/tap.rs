@@ -1,6 +1,6 @@
 //! The tap: the shared fault-injecting proxy (`support::Proxy`) in front of the lock's
 //! `redis-server`, watched so that it also *records* the lockrun traffic it carries:
-//! every `EVAL` request with the moment it reached the proxy, and the server's reply
+//! every `EVAL` or `EVALSHA` request with the moment it reached the proxy, and the server's reply
 //! with whether it was handed on to the client. It names lockrun's calls for the proxy,
 //! which can then hold back the next acquire or release.
 //!
@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockrun::backend::redis::script_source;
+use lockrun::backend::redis::{script_sha1, script_source};
 
 use crate::support::{Proxy, Watch, Watcher};
 
@@ -350,11 +350,15 @@ fn classify(frame: Resp, sent: Duration) -> Pending {
         .map(|w| w.to_ascii_uppercase())
         .unwrap_or_default();
     let subscribe = name.ends_with("SUBSCRIBE");
-    let call = (name == "EVAL").then(|| {
-        let source = words.get(1).map_or("", String::as_str);
+    let call = (name == "EVAL" || name == "EVALSHA").then(|| {
+        let body = words.get(1).map_or("", String::as_str);
+        let of = |c: &Call| match name.as_str() {
+            "EVAL" => script_source(c.name()),
+            _ => script_sha1(c.name()),
+        };
         let call = [Call::Acquire, Call::Renew, Call::Release]
             .into_iter()
-            .find(|c| script_source(c.name()) == Some(source))
+            .find(|c| of(c) == Some(body))
             .unwrap_or(Call::Other);
         let nkeys: usize = words.get(2).and_then(|n| n.parse().ok()).unwrap_or(0);
         let argv = words.get(3 + nkeys..).unwrap_or(&[]);

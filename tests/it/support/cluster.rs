@@ -25,6 +25,23 @@ impl RedisCluster {
     /// Starts the nodes, joins them and waits until every node sees a healthy cluster
     /// and every replica is in sync.
     pub fn start() -> RedisCluster {
+        // A node found "not empty" holds a key or knows a node that is not the test's:
+        // its port was free when chosen, and another test's client, still pointed at a
+        // server of its own that died there, reached it first. New ports then.
+        for _ in 0..2 {
+            match RedisCluster::try_start() {
+                Ok(cluster) => return cluster,
+                Err(out) if out.contains("is not empty") => continue,
+                Err(out) => panic!("redis-cli --cluster create failed: {out}"),
+            }
+        }
+        RedisCluster::try_start()
+            .unwrap_or_else(|out| panic!("redis-cli --cluster create failed: {out}"))
+    }
+
+    /// One try of [`RedisCluster::start`]: `Err` holds what `redis-cli --cluster
+    /// create` printed when it failed.
+    fn try_start() -> Result<RedisCluster, String> {
         let nodes: Vec<RedisServer> = (0..6)
             .map(|_| {
                 RedisServer::with_args(&[
@@ -53,18 +70,19 @@ impl RedisCluster {
             .stdin(Stdio::null())
             .output()
             .expect("run redis-cli --cluster create");
-        assert!(
-            out.status.success(),
-            "redis-cli --cluster create failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        if !out.status.success() {
+            return Err(format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
         let cluster = RedisCluster {
             nodes,
             frozen: Mutex::new(BTreeSet::new()),
         };
         cluster.wait_healthy();
-        cluster
+        Ok(cluster)
     }
 
     /// Waits until every node says `cluster_state:ok`, knows 3 masters with slots and
