@@ -255,12 +255,16 @@ fn assert_guard_lost(f: &Finished, what: &str) {
 }
 
 /// A memory cgroup (v1, the only memory controller this machine has) of the test's
-/// own, under the test's own memory cgroup, that lockrun alone is moved into, where a
-/// hog then makes the kernel's OOM killer pick lockrun: its `oom_score_adj` is 1000,
-/// which puts it above the hog (whose own can only be raised: lowering it needs
-/// CAP_SYS_RESOURCE, which the tests may not have). Processes forked before the move
-/// (the guard, the job) stay where they were, so the OOM killer reaches lockrun alone;
-/// the hog dies of it next.
+/// own, under the test's own memory cgroup, that lockrun alone is moved into, where
+/// hogs then make the kernel's OOM killer pick lockrun. The killer takes the task of the
+/// highest score, its RSS plus `oom_score_adj` times a thousandth of the limit in pages:
+/// lockrun's `oom_score_adj` of 1000 is worth almost the whole limit, so each hog is
+/// kept to a quarter of it (eight of them together go past it). One hog as large as
+/// the limit would score about as much as lockrun, whose RSS is small once it gives
+/// its code pages back, and the killer's choice would be a coin toss. (A hog's own
+/// score can only be raised: lowering it needs CAP_SYS_RESOURCE, which the tests may
+/// not have.) Processes forked before the move (the guard, the job) stay where they
+/// were, so the OOM killer reaches lockrun alone; hogs die of it next.
 struct MemCg {
     dir: PathBuf,
     hog: Option<Running>,
@@ -288,9 +292,15 @@ impl MemCg {
         cg.write("memory.limit_in_bytes", &(32u64 << 20).to_string());
         fs::write(format!("/proc/{lockrun}/oom_score_adj"), "1000").expect("oom_score_adj");
         cg.write("cgroup.procs", &lockrun.to_string());
+        // Eight hogs of 8 MiB each (perl holds the 4 MiB string twice): twice the limit
+        // in all, a quarter of it each.
         let mut hog = Command::new("sh");
         hog.arg("-c")
-            .arg(r#"echo $$ > "$CG/cgroup.procs"; exec perl -e '$x = "x" x (256 << 20); sleep 60'"#)
+            .arg(
+                r#"echo $$ > "$CG/cgroup.procs"
+                for i in 1 2 3 4 5 6 7 8; do perl -e '$x = "x" x (4 << 20); sleep 60' & done
+                wait"#,
+            )
             .env("CG", &cg.dir);
         cg.hog = Some(spawn(hog));
         cg
