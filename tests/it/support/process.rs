@@ -172,10 +172,31 @@ pub fn start_holder(url: &str, name: &str, s: &Scratch, opts: &[&str]) -> (Runni
 /// Spawns `cmd`, a lockrun whose command records its pid in `$PIDFILE` (like
 /// [`SLEEPER`]), with `$PIDFILE` and `$LOG` in `s`; returns it and its command's pid once
 /// recorded, registered with `reaper` in case it outlives the test.
+///
+/// Panics with lockrun's stderr if lockrun ends first or the pid does not come within
+/// `WAIT`.
 pub fn spawn_recording_pid(mut cmd: Command, s: &Scratch, reaper: &Reaper) -> (Running, i32) {
-    cmd.env("PIDFILE", s.path("pid")).env("LOG", s.path("log"));
-    let lr = spawn(cmd);
-    let pid = wait_pid(&s.path("pid"));
+    let path = s.path("pid");
+    cmd.env("PIDFILE", &path).env("LOG", s.path("log"));
+    let mut lr = spawn(cmd);
+    let start = Instant::now();
+    let recorded = || fs::read_to_string(&path).is_ok_and(|t| t.ends_with('\n'));
+    while !recorded() {
+        let running = lr.is_running();
+        // (Looked at again once lockrun has ended: the command may have recorded its
+        // pid and ended, and lockrun with it, since the last look.)
+        if (!running && !recorded()) || start.elapsed() > WAIT {
+            panic!(
+                "the command recorded no pid in {path:?} ({:?} after lockrun started: \
+                 lockrun {}); lockrun's stderr so far:\n{}",
+                start.elapsed(),
+                if running { "still runs" } else { "ended" },
+                lr.stderr_so_far()
+            );
+        }
+        thread::sleep(POLL);
+    }
+    let pid = wait_pid(&path);
     reaper.add(pid);
     (lr, pid)
 }
