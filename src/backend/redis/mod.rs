@@ -163,6 +163,9 @@ pub struct RedisBackend {
     /// run, out of the queue.
     polling: AtomicBool,
     waiter_id: String,
+    /// This waiter's place in the queue (µs), given by Redlock, the same on every
+    /// server; `None`: the server's time when it first joins.
+    place: Option<u64>,
     /// The token and slot of our last acquisition, for renewals to go to that slot
     /// only. Held for no await.
     taken: Mutex<Option<(String, u32)>>,
@@ -187,8 +190,18 @@ impl RedisBackend {
             timeouts: AtomicU32::new(0),
             polling: AtomicBool::new(false),
             waiter_id: crate::token::random_hex(8),
+            place: None,
             taken: Mutex::new(None),
             told_unchecked: AtomicBool::new(false),
+        }
+    }
+
+    /// Queues this waiter at `place` (µs) instead of at the server's time: Redlock
+    /// gives each of its servers the same place, so that their queues agree.
+    pub fn queued_at(self, place: u64) -> RedisBackend {
+        RedisBackend {
+            place: Some(place),
+            ..self
         }
     }
 
@@ -263,6 +276,7 @@ impl RedisBackend {
     ) -> Result<AcquireReply, BackendError> {
         let waiter_id = if waiter { self.waiter_id.as_str() } else { "" };
         let wanted = wanted.map(|s| s.to_string()).unwrap_or_default();
+        let place = self.place.map(|p| p.to_string()).unwrap_or_default();
         let args = [
             req.token.as_str(),
             &ms(req.ttl),
@@ -272,6 +286,7 @@ impl RedisBackend {
             &ms(WAITER_ALIVE),
             &wanted,
             if self.target.allow_eviction { "1" } else { "" },
+            &place,
         ];
         let Checked { reply, unchecked } = self.eval(Script::Acquire, name, None, &args).await?;
         if let Some(why) = unchecked {

@@ -25,17 +25,19 @@
 //! there (a server that cannot give wake-ups is polled instead); the waiter then
 //! sleeps until the first wake-up or the first server's timer.
 //!
-//! Order of waiters: a release wakes, on each server, the longest-waiting waiter of
-//! that server's own queue, and each server then keeps the freed slot for the waiter it
-//! woke for [`super::WAKE_GRACE`] (anyone else asking is told busy there). This matters
+//! Order of waiters: every server queues a waiter at the same place, the time this
+//! lockrun started (its clock, in µs: the Lua script takes it as given), so that the
+//! servers' queues agree on the order of the waiters they all have; a release wakes, on
+//! each server, the first waiter of that server's own queue, and each server then
+//! keeps the freed slot for the waiter it woke for [`super::WAKE_GRACE`] (anyone else asking is told busy there). This matters
 //! more here than on one server: an acquisition takes a round trip to every server and
 //! a majority, maybe a second round for a semaphore, and a woken waiter that reached
 //! only some servers before the release reached the others gives back what it got
 //! (which wakes the next waiter there): without the priority, a later waiter whose
 //! timer fired in that gap, or the one the give-back woke, took the slot. Why a grace
 //! and not strict first-come-first-served order in the script: each server keeps its
-//! own queue, and two waiters that joined at about the same time can be queued in
-//! different orders on different servers; with strict order each server could hold
+//! own queue, and a waiter that has joined some servers' queues and not yet the
+//! others' is ahead of another waiter on some servers only; with strict order each server could hold
 //! the slot for a different waiter, none gets a majority, and they give back and try
 //! again for ever (a livelock). With the grace, the priority lapses and the worst
 //! case is a delay of [`super::WAKE_GRACE`], after which whoever asks takes the slot,
@@ -92,6 +94,9 @@ pub struct RedlockBackend {
 impl RedlockBackend {
     /// A backend over the servers of `target`.
     pub fn new(target: &RedlockTarget, config: &BackendConfig, waiting: bool) -> RedlockBackend {
+        let place = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
         let nodes = target
             .nodes
             .iter()
@@ -100,7 +105,7 @@ impl RedlockBackend {
                     display: t.display(),
                     ..config.clone()
                 };
-                RedisBackend::new(t.clone(), &node_config, waiting)
+                RedisBackend::new(t.clone(), &node_config, waiting).queued_at(place)
             })
             .collect();
         RedlockBackend {

@@ -138,7 +138,7 @@ impl Script {
     /// changes).
     pub fn sha1(self) -> &'static str {
         match self {
-            Script::Acquire => "f4be5daf0f2718664145e555c172bd30a70bd8ed",
+            Script::Acquire => "09fa60b35ffda043ead4446624d0a34a8ec58f71",
             Script::Renew => "93a1445f46bebddcfea33e33c407b939882d0c0f",
             Script::Release => "009ad3b30b4a384936146a4d858203ba16ce4f38",
             Script::FenceFloor => "27f0bcad53a7f85edfe1dd2d78912fa6a7ad0c97",
@@ -204,7 +204,8 @@ pub struct Keys {
     pub lock: String,
     /// `P{NAME}:fence`: the fencing counter, one for every slot.
     pub fence: String,
-    /// `P{NAME}:waiters`: the queue of waiters, by arrival.
+    /// `P{NAME}:waiters`: the queue of waiters, by arrival (under Redlock, by the place
+    /// each waiter gives).
     pub queue: String,
     /// `P{NAME}:alive`: each waiter's heartbeat (and `w:ID` while it is woken).
     pub alive: String,

@@ -3,7 +3,8 @@
 //! its data (one server down and one restarted empty), the command stopped before the
 //! quorum's validity ends when a majority goes away but not when a minority does, and
 //! how a quorum is given; with `--slots N`, one slot held on a majority even when the
-//! servers disagree on which slot is free, and a plain holder refusing a semaphore. The
+//! servers disagree on which slot is free, a plain holder refusing a semaphore, and
+//! waiters that come at once queued in the same order on every server. The
 //! contract every backend keeps, with all three servers faulted at once, is tested in
 //! the conformance suite.
 
@@ -267,4 +268,76 @@ fn a_plain_holder_on_a_majority_refuses_a_semaphore() {
     }
     s.touch("go");
     holder.wait().assert_code(0);
+}
+
+/// Each server's queue of waiters of `name`: their places (scores), first first.
+fn queue_places(server: &RedisServer, name: &str) -> Vec<u64> {
+    let entries: Vec<(String, f64)> = server.query(
+        redis::cmd("ZRANGE")
+            .arg(format!("lockrun:{{{name}}}:waiters"))
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES"),
+    );
+    entries.into_iter().map(|(_, score)| score as u64).collect()
+}
+
+#[test]
+fn waiters_that_come_at_once_are_queued_in_the_same_order_on_every_server() {
+    // Waiters started together reach the three servers in different orders; were each
+    // server to queue them by its own time of arrival, each would wake a different
+    // first waiter at the release, none would get a majority, and the lock would sit
+    // free until the woken waiters' priority lapsed (2 s). Each waiter gives every
+    // server the same place, so the queues agree.
+    let servers = servers();
+    let s = Scratch::new();
+    let mut holder = quorum_run(
+        &servers,
+        "job",
+        &[],
+        &sh(r#"echo go > "$STARTED"; while [ ! -e "$GO" ]; do sleep 0.02; done"#),
+    );
+    holder
+        .env("STARTED", s.path("started"))
+        .env("GO", s.path("go"));
+    let mut holder = spawn(holder);
+    wait_line(&s.path("started"));
+    const WAITERS: usize = 6;
+    let mut waiters: Vec<Running> = (0..WAITERS)
+        .map(|_| {
+            let mut cmd = quorum_run(
+                &servers,
+                "job",
+                &["--wait", "60s"],
+                &sh(r#"echo "$LOCKRUN_FENCING_TOKEN" >> "$RAN""#),
+            );
+            cmd.env("RAN", s.path("ran"));
+            spawn(cmd)
+        })
+        .collect();
+    wait_until("every waiter is queued on every server", WAIT, || {
+        servers
+            .iter()
+            .all(|server| queue_places(server, "job").len() == WAITERS)
+    });
+    let places: Vec<Vec<u64>> = servers.iter().map(|sv| queue_places(sv, "job")).collect();
+    assert!(
+        places.iter().all(|p| *p == places[0]),
+        "the servers queue the waiters at different places: {places:?}"
+    );
+    s.touch("go");
+    holder.wait().assert_code(0);
+    for w in &mut waiters {
+        w.wait().assert_code(0);
+    }
+    let tokens: Vec<u64> = s
+        .read("ran")
+        .lines()
+        .map(|l| l.trim().parse().expect("a token"))
+        .collect();
+    assert_eq!(tokens.len(), WAITERS, "every waiter ran once: {tokens:?}");
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "the waiters' tokens increase in the order they ran: {tokens:?}"
+    );
 }

@@ -2,7 +2,9 @@
 --   first.
 -- ARGV: token, ttl_ms, host, pid, waiter_id ('' if not waiting), alive_ms, wanted slot
 --   ('' or none: the lowest free one; Redlock asks for one slot in its second round),
---   allow_eviction ('1': --allow-eviction; '' or none: check the server's policy).
+--   allow_eviction ('1': --allow-eviction; '' or none: check the server's policy),
+--   place (the waiter's place in the queue, microseconds: Redlock gives every server
+--   the same one, see below; '' or none: the server's time when it first joins).
 -- Returns {1, fence, slot, free} when acquired (free: one character per slot, '1' where
 -- it was free); {0, host, pid, since_ms, fence, pttl, slot, slots} when busy (the holder
 -- of the wanted slot, or the one whose lease ends first; when the free slots are kept
@@ -92,11 +94,16 @@ local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 -- by an older lockrun) or one from the future (a clock stepped back) gives no
 -- priority.
 -- Why a grace, not strict first-come-first-served order here: under Redlock each
--- server keeps its own queue, and two waiters that joined at once may be in different
--- orders on different servers, so each server may keep the slot for another waiter
--- and none of them gets a majority; strict order would then never end (a livelock),
--- while with the grace the worst case is a delay of WAKE_GRACE_MS, after which the
--- slot goes to whoever asks, as before. (A Redlock give-back puts a woken waiter back
+-- server keeps its own queue. A Redlock waiter gives every server the same place
+-- (ARGV[9]), so the queues agree on the waiters they all have; but one that has reached
+-- some servers and not yet the others is ahead of another waiter on some and not on
+-- all, so each server may keep the slot for another waiter and none of them gets a
+-- majority; strict order would then never end (a livelock), while with the grace the
+-- worst case is a delay of WAKE_GRACE_MS, after which the slot goes to whoever asks,
+-- as before. (Before the shared place, each server queued by its own time of arrival,
+-- and waiters that came within a few milliseconds of each other, as a busy lock's
+-- do, were in a different order on each server: that split happened every few
+-- hand-offs and cost a grace each time.) (A Redlock give-back puts a woken waiter back
 -- with the mark it had, never a new one: see the release script.) 2 s is far longer
 -- than a woken waiter takes to ask (a pub/sub message and one acquire: milliseconds,
 -- tens on a loaded machine), and short enough that a woken waiter that died or froze
@@ -160,8 +167,11 @@ if free == nil or reserved_ms then
     -- leave one without. The first PEXPIRE, before any write, fails for a user denied
     -- it (an ACL short of lockrun's rule) while nothing is written yet; so does the
     -- HDEL, before the HSET of the same hash.
+    local place = string.format('%.0f', now_us)
+    local given = ARGV[9] or ''
+    if string.match(given, '^%d+$') and #given <= 16 then place = given end
     redis.call('PEXPIRE', KEYS[2], ARGV[6] * 2)
-    redis.call('ZADD', KEYS[2], 'NX', now_us, ARGV[5])
+    redis.call('ZADD', KEYS[2], 'NX', place, ARGV[5])
     redis.call('PEXPIRE', KEYS[2], ARGV[6] * 2)
     redis.call('HDEL', KEYS[3], 'w:' .. ARGV[5])
     redis.call('HSET', KEYS[3], ARGV[5], string.format('%.0f', math.floor(now_us / 1000) + tonumber(ARGV[6])))
