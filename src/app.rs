@@ -1,10 +1,11 @@
-//! The entry point of the binary: parses the command line, forks the guard (`run`:
-//! while the process has one thread, see `supervisor::guard`), builds a current-thread
+//! The entry point of the binary: forks the guard (`run`: first, while the process has
+//! one thread, see `supervisor::guard`), parses the command line, builds a current-thread
 //! runtime and dispatches: `run` to [`crate::run`], `status` and `release` to
 //! [`crate::admin`]. A setup error is printed here, once, as `lockrun: {err:#}`.
 //! The top of the crate: it may use every module, and none uses it.
 
 use std::ffi::OsString;
+use std::io;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -23,12 +24,18 @@ use crate::{admin, cli, log, metrics, run};
 /// Runs lockrun with `args` (argv, program name first) and returns the exit status.
 pub fn main_with(args: Vec<OsString>) -> u8 {
     marks::init();
-    let cli = match Cli::try_parse_from(cli::with_default_subcommand(args.clone())) {
+    let line = cli::with_default_subcommand(args.clone());
+    // A run's guard is forked before anything else (see `supervisor::guard`), so that
+    // its start and the job's cgroup run beside the parsing and the acquire; it exits
+    // when lockrun drops it (a usage error, a bad configuration).
+    let guard = (line.get(1).is_some_and(|a| a == "run")).then(|| Guard::start(args.clone()));
+    marks::mark("forked");
+    let cli = match Cli::try_parse_from(line) {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e, &args),
     };
     marks::mark("parsed");
-    let code = match dispatch(cli) {
+    let code = match dispatch(cli, guard, &args) {
         Ok(code) => code,
         // The one place a setup error is printed (through the logger, so that it is a
         // JSON line with `--log-format json`): the whole chain, on one line.
@@ -47,10 +54,11 @@ const LAST_LINES_WAIT: Duration = Duration::from_secs(1);
 
 /// Runs the parsed command line. `Err` is a setup step that failed before anything
 /// was done (exit status 125); what happens later is in the returned status.
-fn dispatch(cli: Cli) -> anyhow::Result<u8> {
+/// `guard`: the one forked at start, if it was (a run), with `line` (argv).
+fn dispatch(cli: Cli, guard: Option<io::Result<Guard>>, line: &[OsString]) -> anyhow::Result<u8> {
     let password = std::env::var("LOCKRUN_PASSWORD").ok();
     match cli.command {
-        Command::Run(args) => Ok(run_command(&args, password)),
+        Command::Run(args) => Ok(run_command(&args, password, guard, line)),
         Command::Status(args) => {
             install_logger(&args.log, &args.name);
             let backend = admin_backend(&args.backend, &args.name, password)?;
@@ -82,9 +90,14 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     }
 }
 
-/// `lockrun run`: checks the configuration, forks the guard, runs, writes the metrics
-/// file; returns the exit status.
-fn run_command(args: &RunArgs, password: Option<String>) -> u8 {
+/// `lockrun run`: checks the configuration, tells the guard its command, runs, writes
+/// the metrics file; returns the exit status.
+fn run_command(
+    args: &RunArgs,
+    password: Option<String>,
+    early: Option<io::Result<Guard>>,
+    line: &[OsString],
+) -> u8 {
     install_logger(&args.log, &args.name);
     let not_started = |msg: String| RunReport {
         outcome: run::fail(&format!("{msg}; the command was not started")),
@@ -93,9 +106,8 @@ fn run_command(args: &RunArgs, password: Option<String>) -> u8 {
     };
     // Not a setup error: a run that cannot start still writes its metrics.
     let report = match RunConfig::from_args(args, password) {
-        // The guard is forked while lockrun has one thread: before the log writer's
-        // thread and the runtime (see `supervisor::guard`).
-        Ok(cfg) => match marks::then("config", || Guard::start(cfg.command.clone())) {
+        // Still one thread here: before the log writer's and the runtime.
+        Ok(cfg) => match marks::then("config", || told(early, line, &cfg.command)) {
             Ok(guard) => match marks::then("guard", runtime) {
                 Ok(runtime) => {
                     marks::mark("runtime");
@@ -120,6 +132,26 @@ fn run_command(args: &RunArgs, password: Option<String>) -> u8 {
         }
     }
     report.outcome.exit_code()
+}
+
+/// The guard, told that `command` is its command: the one forked at start, or, where
+/// none was or the command is not the end of its `line`, one forked now (lockrun still
+/// has one thread).
+fn told(
+    early: Option<io::Result<Guard>>,
+    line: &[OsString],
+    command: &[OsString],
+) -> io::Result<Guard> {
+    let guard = match early {
+        Some(guard) if line.ends_with(command) => guard?,
+        early => {
+            // (Gone first: the new guard must not keep the old one's socket open.)
+            drop(early);
+            Guard::start(command.to_vec())?
+        }
+    };
+    guard.command(command.len())?;
+    Ok(guard)
 }
 
 /// The current-thread runtime lockrun runs on.

@@ -7,9 +7,11 @@
 //! command's first process only; whatever it started (in its group, in a session of its
 //! own, re-parented by a double fork) would run on beside the next holder.
 //!
-//! **Shape**: lockrun forks the guard at start, while it still has one thread (after
-//! the command line is checked, before the async runtime exists), so the guard runs
-//! ordinary code without inheriting another thread's locks. The guard:
+//! **Shape**: lockrun forks the guard first thing in a run, while it still has one thread
+//! (before it parses the command line, so that the guard's start and the job's cgroup
+//! run beside the parsing and the acquire; the guard is told later which of its copy
+//! of the arguments are the command), so the guard runs ordinary code without
+//! inheriting another thread's locks. The guard:
 //! - puts itself in a process group of its own (a `kill -9 -PGID` of lockrun's group, a
 //!   terminal's ^C, do not reach it) and blocks the six forwarded signals (a
 //!   `pkill lockrun` reaches lockrun, which forwards; the guard must not die of it),
@@ -89,10 +91,11 @@ pub struct Spawned {
 }
 
 impl Guard {
-    /// Forks the guard, which will run `argv` when asked. Call it while this process
-    /// has a single thread: the guard runs Rust code after the fork.
+    /// Forks the guard with `line`, the command line, whose last arguments
+    /// [`Guard::command`] later names as the command it runs when asked. Call it while
+    /// this process has a single thread: the guard runs Rust code after the fork.
     #[allow(unsafe_code)]
-    pub fn start(argv: Vec<OsString>) -> io::Result<Guard> {
+    pub fn start(line: Vec<OsString>) -> io::Result<Guard> {
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -105,7 +108,7 @@ impl Guard {
         match unsafe { fork() }? {
             ForkResult::Child => {
                 drop(ours);
-                super::guardian::main(theirs, argv, lockrun)
+                super::guardian::main(theirs, line, lockrun)
             }
             ForkResult::Parent { child } => {
                 drop(theirs);
@@ -115,6 +118,13 @@ impl Guard {
                 })
             }
         }
+    }
+
+    /// Tells the guard that the command is the last `n` arguments of the line it was
+    /// started with.
+    pub fn command(&self, n: usize) -> io::Result<()> {
+        let n = u32::try_from(n).map_err(io::Error::other)?;
+        wire::send(self.sock.as_fd(), &ToGuard::Command(n), &[])
     }
 
     /// The guard's pid.

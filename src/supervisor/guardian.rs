@@ -28,7 +28,7 @@ use super::wire::{self, FromGuard, ToGuard};
 use super::{tree, ChildExit, EnvChange, FORWARDED};
 
 /// The guard's whole life: never returns.
-pub(super) fn main(sock: OwnedFd, argv: Vec<OsString>, lockrun: Pid) -> ! {
+pub(super) fn main(sock: OwnedFd, line: Vec<OsString>, lockrun: Pid) -> ! {
     marks::forked("g_forked");
     let _ = setpgid(Pid::from_raw(0), Pid::from_raw(0));
     let _ = nix::sys::prctl::set_name(c"lockrun-guard");
@@ -54,7 +54,8 @@ pub(super) fn main(sock: OwnedFd, argv: Vec<OsString>, lockrun: Pid) -> ! {
     else {
         exit_now(1)
     };
-    // The cgroup is made while lockrun takes the lock, off its way.
+    // The cgroup is made while lockrun parses its command line and takes the lock,
+    // off its way.
     let cgroup = Cgroup::create(lockrun.as_raw() as u32);
     marks::mark("g_cgroup_made");
     let give_up = |cgroup: Option<Cgroup>| -> ! {
@@ -65,15 +66,14 @@ pub(super) fn main(sock: OwnedFd, argv: Vec<OsString>, lockrun: Pid) -> ! {
     };
     // lockrun died before it got here (or never asks: the lock was busy): nothing to
     // guard.
-    // The lease's first deadline comes before the order to start the command, so the
-    // job is never without one, even if lockrun is stopped the moment it starts.
-    let mut deadline = None;
-    let (env, hold) = loop {
-        match wire::recv_to_guard(sock.as_fd(), true) {
-            Ok(Some((ToGuard::Deadline(d), _))) => deadline = Some(d),
-            Ok(Some((ToGuard::Spawn(env), hold))) => break (env, hold),
-            _ => give_up(cgroup),
-        }
+    let Some(Orders {
+        deadline,
+        argv,
+        env,
+        hold,
+    }) = orders(&sock, &line)
+    else {
+        give_up(cgroup)
     };
     if getppid() != lockrun {
         give_up(cgroup);
@@ -87,6 +87,43 @@ pub(super) fn main(sock: OwnedFd, argv: Vec<OsString>, lockrun: Pid) -> ! {
         alarm,
     };
     watch(&sock, &sfd, leader, held, deadline)
+}
+
+/// lockrun's orders before the command starts.
+struct Orders {
+    /// The lease's first deadline, if it came.
+    deadline: Option<Duration>,
+    argv: Vec<OsString>,
+    env: Vec<EnvChange>,
+    /// The descriptors that hold a file lock.
+    hold: Vec<OwnedFd>,
+}
+
+/// Waits for the order to start the command: `None` if lockrun is gone or asks out of
+/// turn. The lease's first deadline comes before it, so the job is never without one,
+/// even if lockrun is stopped the moment it starts; so does the command, the last
+/// arguments of `line`.
+fn orders(sock: &OwnedFd, line: &[OsString]) -> Option<Orders> {
+    let mut deadline = None;
+    let mut argv = None;
+    loop {
+        match wire::recv_to_guard(sock.as_fd(), true) {
+            Ok(Some((ToGuard::Deadline(d), _))) => deadline = Some(d),
+            Ok(Some((ToGuard::Command(n), _))) => {
+                let first = line.len().checked_sub(n as usize).filter(|_| n > 0);
+                argv = first.map(|i| line[i..].to_vec());
+            }
+            Ok(Some((ToGuard::Spawn(env), hold))) => {
+                return argv.map(|argv| Orders {
+                    deadline,
+                    argv,
+                    env,
+                    hold,
+                })
+            }
+            _ => return None,
+        }
+    }
 }
 
 /// What the guard keeps while it watches: the job's cgroup, the file lock's
@@ -304,7 +341,7 @@ fn read_orders(
                 let_go_and_exit()
             }
             Ok(Some((ToGuard::Done, _))) => contain_and_exit(cgroup),
-            Ok(Some((ToGuard::Spawn(_), _))) => {}
+            Ok(Some((ToGuard::Spawn(_) | ToGuard::Command(_), _))) => {}
             // Nothing more for now.
             Err(e) if e.raw_os_error() == Some(Errno::EAGAIN as i32) => return,
             // lockrun is gone: the job must not outlive it.

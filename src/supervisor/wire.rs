@@ -2,9 +2,10 @@
 //! (one message a packet, so no framing; the end of file when one side dies). Part of
 //! [`super`]; depends on `nix` only.
 //!
-//! lockrun → guard: `Spawn` (the command's environment changes, with the descriptors
-//! that hold a file lock as `SCM_RIGHTS`), `Deadline` (the lease's), `Done`. Guard → lockrun: `Spawned` (pid, and
-//! the cgroup if the command joined one), `NotFound`/`CannotExecute` (errno), `Exited`
+//! lockrun → guard: `Command` (which of the arguments the guard was forked with are
+//! the command), `Spawn` (the command's environment changes, with the descriptors that
+//! hold a file lock as `SCM_RIGHTS`), `Deadline` (the lease's), `Done`. Guard →
+//! lockrun: `Spawned` (pid, and the cgroup if the command joined one), `NotFound`/`CannotExecute` (errno), `Exited`
 //! (the command's status, and whether the job was empty then), `Empty`.
 
 use std::io::{self, IoSlice, IoSliceMut};
@@ -26,6 +27,9 @@ const MAX_FDS: usize = 16;
 /// From lockrun to the guard.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ToGuard {
+    /// The command is the last this many arguments of the command line the guard was
+    /// forked with.
+    Command(u32),
     /// Start the command with these changes to the environment.
     Spawn(Vec<EnvChange>),
     /// The job is gone and the lock is being released: exit.
@@ -64,6 +68,11 @@ impl ToGuard {
     fn encode(&self) -> Vec<u8> {
         match self {
             ToGuard::Done => vec![b'D'],
+            ToGuard::Command(n) => {
+                let mut out = vec![b'C'];
+                out.extend_from_slice(&n.to_le_bytes());
+                out
+            }
             ToGuard::Deadline(d) => {
                 let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
                 let mut out = vec![b'T'];
@@ -94,6 +103,9 @@ impl ToGuard {
         let (&kind, mut rest) = bytes.split_first()?;
         match kind {
             b'D' if rest.is_empty() => Some(ToGuard::Done),
+            b'C' if rest.len() == 4 => {
+                Some(ToGuard::Command(u32::from_le_bytes(rest.try_into().ok()?)))
+            }
             b'T' if rest.len() == 8 => Some(ToGuard::Deadline(Duration::from_nanos(
                 u64::from_le_bytes(rest.try_into().ok()?),
             ))),
@@ -361,6 +373,7 @@ mod tests {
     fn messages_to_the_guard_survive_the_trip() {
         for m in [
             ToGuard::Done,
+            ToGuard::Command(3),
             ToGuard::Deadline(Duration::from_nanos(1_234_567_890_123)),
             ToGuard::Spawn(vec![]),
             ToGuard::Spawn(vec![
@@ -373,6 +386,7 @@ mod tests {
         }
         assert_eq!(ToGuard::decode(b"S+KEY"), None);
         assert_eq!(ToGuard::decode(b"Dx"), None);
+        assert_eq!(ToGuard::decode(b"C\x01"), None);
     }
 
     #[test]
