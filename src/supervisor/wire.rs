@@ -5,8 +5,9 @@
 //! lockrun → guard: `Command` (which of the arguments the guard was forked with are
 //! the command), `Spawn` (the command's environment changes, with the descriptors that
 //! hold a file lock as `SCM_RIGHTS`), `Deadline` (the lease's), `Done`. Guard →
-//! lockrun: `Spawned` (pid, and the cgroup if the command joined one), `NotFound`/`CannotExecute` (errno), `Exited`
-//! (the command's status, and whether the job was empty then), `Empty`.
+//! lockrun: `Spawned` (pid, and the cgroup if the command joined one),
+//! `NotFound`/`CannotExecute` (errno), `Exited` (the command's status, and whether the
+//! job was empty then), `Empty`.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};

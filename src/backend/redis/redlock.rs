@@ -29,17 +29,18 @@
 //! lockrun started (its clock, in µs: the Lua script takes it as given), so that the
 //! servers' queues agree on the order of the waiters they all have; a release wakes, on
 //! each server, the first waiter of that server's own queue, and each server then
-//! keeps the freed slot for the waiter it woke for [`super::WAKE_GRACE`] (anyone else asking is told busy there). This matters
-//! more here than on one server: an acquisition takes a round trip to every server and
-//! a majority, maybe a second round for a semaphore, and a woken waiter that reached
-//! only some servers before the release reached the others gives back what it got
-//! (which wakes the next waiter there): without the priority, a later waiter whose
-//! timer fired in that gap, or the one the give-back woke, took the slot. Why a grace
-//! and not strict first-come-first-served order in the script: each server keeps its
-//! own queue, and a waiter that has joined some servers' queues and not yet the
-//! others' is ahead of another waiter on some servers only; with strict order each server could hold
-//! the slot for a different waiter, none gets a majority, and they give back and try
-//! again for ever (a livelock). With the grace, the priority lapses and the worst
+//! keeps the freed slot for the waiter it woke for [`super::WAKE_GRACE`] (anyone else
+//! asking is told busy there). This matters more here than on one server: an
+//! acquisition takes a round trip to every server and a majority, maybe a second round
+//! for a semaphore, and a woken waiter that reached only some servers before the
+//! release reached the others gives back what it got (which wakes the next waiter
+//! there): without the priority, a later waiter whose timer fired in that gap, or the
+//! one the give-back woke, took the slot. Why a grace and not strict
+//! first-come-first-served order in the script: each server keeps its own queue, and a
+//! waiter that has joined some servers' queues and not yet the others' is ahead of
+//! another waiter on some servers only; with strict order each server could hold the
+//! slot for a different waiter, none gets a majority, and they give back and try again
+//! for ever (a livelock). With the grace, the priority lapses and the worst
 //! case is a delay of [`super::WAKE_GRACE`], after which whoever asks takes the slot,
 //! as before. What an acquisition without a majority took is given back
 //! ([`RedisBackend::give_back`]): a woken waiter's slot goes back to it, with its place
