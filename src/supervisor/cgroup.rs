@@ -15,7 +15,7 @@
 //! nothing, it only holds the job. It is removed once the job is gone.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -230,7 +230,7 @@ fn base() -> Option<(PathBuf, String)> {
 
 /// This process's cgroup v2 path (`0::/path` in `/proc/self/cgroup`).
 fn own_cgroup() -> Option<String> {
-    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    let text = read_proc("/proc/self/cgroup")?;
     text.lines()
         .find_map(|l| l.strip_prefix("0::"))
         .map(str::to_owned)
@@ -238,8 +238,30 @@ fn own_cgroup() -> Option<String> {
 
 /// Where the cgroup2 file system is mounted, and which cgroup is the mount's root.
 fn cgroup2_mount() -> Option<(PathBuf, String)> {
-    let text = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let text = read_proc("/proc/self/mountinfo")?;
     text.lines().find_map(parse_mountinfo_line)
+}
+
+/// A small file of `/proc`, read in as few calls as its size allows: these files say
+/// they are empty, so `fs::read_to_string` starts with 32 bytes and doubles (ten reads
+/// and a `statx` for a mountinfo of 2 KiB, on the guard's way to being ready).
+fn read_proc(path: &str) -> Option<String> {
+    let mut file = File::open(path).ok()?;
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(buf.len() * 2, 0);
+        }
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    buf.truncate(len);
+    String::from_utf8(buf).ok()
 }
 
 /// One `/proc/self/mountinfo` line: `ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS... - TYPE ...`.

@@ -193,8 +193,10 @@ fn clone_into(cgroup: BorrowedFd<'_>, ctx: &ChildCtx<'_>) -> i64 {
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 fn clone_sharing(args: &mut CloneArgs, ctx: &ChildCtx<'_>) -> i64 {
-    // 16-byte units, so that the top of the stack is aligned as a call needs.
-    let mut stack = vec![0u128; CHILD_STACK / 16];
+    // 16-byte units, so that the top of the stack is aligned as a call needs. Left
+    // uninitialised: the child writes before it reads, and zeroing 64 KiB would fault in
+    // all 16 pages for the one or two it uses.
+    let mut stack: Vec<std::mem::MaybeUninit<u128>> = Vec::with_capacity(CHILD_STACK / 16);
     args.flags |= (libc::CLONE_VM | libc::CLONE_VFORK) as u64;
     args.stack = stack.as_mut_ptr() as u64;
     args.stack_size = CHILD_STACK as u64;
