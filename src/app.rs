@@ -49,6 +49,42 @@ pub fn main_with(args: Vec<OsString>) -> u8 {
     code
 }
 
+/// What Rust's own start-up does that lockrun needs, for a `main` that skips it (see
+/// `main.rs`): descriptors 0, 1 and 2 are open (on `/dev/null` if they were closed), so
+/// that no file lockrun opens (a lock file) is taken for stdin, stdout or stderr; and
+/// SIGPIPE is ignored, so that a closed pipe is an error where it is written, not a
+/// death (the command gets it back at its default: `supervisor::spawn`).
+#[allow(unsafe_code)]
+pub fn prepare_process() {
+    use nix::libc;
+    let mut fds = [0, 1, 2].map(|fd| libc::pollfd {
+        fd,
+        events: 0,
+        revents: 0,
+    });
+    // SAFETY: `poll` reads and writes the three entries of `fds` only; `open` gets a
+    // NUL-terminated path; `signal` installs no handler, only SIG_IGN.
+    unsafe {
+        if libc::poll(fds.as_mut_ptr(), 3, 0) == -1 {
+            // (EINTR, ENOMEM: ask each descriptor instead.)
+            for p in &mut fds {
+                if libc::fcntl(p.fd, libc::F_GETFD) == -1 {
+                    p.revents = libc::POLLNVAL;
+                }
+            }
+        }
+        for p in &fds {
+            if p.revents & libc::POLLNVAL != 0
+                && libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) != p.fd
+            {
+                // Rust's start-up aborts here too: nothing safe can be done.
+                libc::abort();
+            }
+        }
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+}
+
 /// How long lockrun's exit waits for stderr to take its last lines.
 const LAST_LINES_WAIT: Duration = Duration::from_secs(1);
 

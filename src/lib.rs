@@ -66,4 +66,4 @@ pub mod supervisor;
 mod token;
 mod units;
 
-pub use app::main_with;
+pub use app::{main_with, prepare_process};
