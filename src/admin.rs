@@ -40,12 +40,12 @@ pub async fn status<B: Backend>(backend: &B, name: &str, slots: u32, as_json: bo
         true => status_json(name, slots, &holders, last.as_ref()).to_string(),
         false => status_text(name, slots, &holders, last.as_ref()),
     };
-    println!("{out}");
-    if holders.is_empty() {
+    let outcome = if holders.is_empty() {
         Outcome::Free
     } else {
         Outcome::Held
-    }
+    };
+    print_lines(&[out], outcome)
 }
 
 /// `lockrun release --force`: deletes `name` whoever holds it (every slot) and says
@@ -102,6 +102,24 @@ fn conflict(holders: &[Holder], slots: u32) -> Option<String> {
 }
 
 /// Logs `msg` as an error: the command failed ([`Outcome::Failed`], 125).
+/// Prints `lines` on stdout and returns `outcome`. A reader that has gone (`lockrun list
+/// | head -1`, a closed pipe) only ends the printing: the outcome stays, and nothing is
+/// said. Any other failure to write is an error (125), on one line.
+fn print_lines(lines: &[String], outcome: Outcome) -> Outcome {
+    use std::io::{ErrorKind, Write};
+    let mut out = std::io::stdout().lock();
+    let written = lines
+        .iter()
+        .try_for_each(|l| writeln!(out, "{l}"))
+        .and_then(|()| out.flush());
+    match written {
+        Err(e) if e.kind() != ErrorKind::BrokenPipe => {
+            error(&format!("cannot write to stdout: {e}"))
+        }
+        _ => outcome,
+    }
+}
+
 fn error(msg: &str) -> Outcome {
     emit(Level::Error, Event::Error, msg, &[]);
     Outcome::Failed

@@ -8,7 +8,7 @@
 
 use serde_json::Value;
 
-use super::{error, TIMEOUT};
+use super::{error, print_lines, TIMEOUT};
 use crate::backend::url::BackendConfig;
 use crate::backend::{AnyBackend, Backend, BackendError, Holder, RunRecord};
 use crate::holder::{status_json, status_text};
@@ -34,15 +34,18 @@ pub async fn list(cfg: &BackendConfig, pattern: Option<&str>, as_json: bool) -> 
             .iter()
             .map(|l| status_json(&l.name, slots_of(&l.holders), &l.holders, l.last.as_ref()))
             .collect();
-        println!("{}", Value::Array(all));
+        print_lines(&[Value::Array(all).to_string()], Outcome::Listed)
     } else {
-        for l in &listed {
-            let text = status_text(&l.name, slots_of(&l.holders), &l.holders, l.last.as_ref());
-            let parts: Vec<&str> = text.lines().map(str::trim).collect();
-            println!("{}", parts.join("; "));
-        }
+        let lines: Vec<String> = listed
+            .iter()
+            .map(|l| {
+                let text = status_text(&l.name, slots_of(&l.holders), &l.holders, l.last.as_ref());
+                let parts: Vec<&str> = text.lines().map(str::trim).collect();
+                parts.join("; ")
+            })
+            .collect();
+        print_lines(&lines, Outcome::Listed)
     }
-    Outcome::Listed
 }
 
 /// The names matching `pattern` with their holders and records, sorted by name; the

@@ -2,6 +2,8 @@
 //! all driving the real `lockrun` binary against real servers started by `support`.
 //!
 //! - `cli`, `exit_status`: the command line, the lock-name rules, exit statuses;
+//! - `stdio`: lockrun started with its stdin, stdout and stderr closed, or printing into
+//!   a pipe nobody reads or a full device;
 //! - `supervisor`: signals, the process group, `--max-runtime`, PID 1;
 //! - `containment`: nothing of the job outlives lockrun, however lockrun ends (killed,
 //!   OOM-killed, its guard killed, its stderr blocked), and no next holder starts beside it;
@@ -42,6 +44,7 @@ mod postgres;
 mod redis;
 mod soak;
 mod splay;
+mod stdio;
 mod supervisor;
 mod support;
 mod zookeeper;
