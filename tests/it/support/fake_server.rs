@@ -5,7 +5,7 @@
 //! stops: its threads see the flag within a write timeout and close their sockets.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -48,7 +48,7 @@ pub struct FakeServer {
 impl FakeServer {
     /// Listens on a free port and answers each connection as `behaviour` says.
     pub fn start(behaviour: Behaviour) -> FakeServer {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        let listener = super::listen_on_a_new_port();
         let port = listener.local_addr().unwrap().port();
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();

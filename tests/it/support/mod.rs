@@ -94,12 +94,30 @@ pub const WAIT: Duration = Duration::from_secs(20);
 /// How often waiting loops look at their condition.
 pub const POLL: Duration = Duration::from_millis(5);
 
-/// A port on 127.0.0.1 that was free a moment ago.
+/// A port on 127.0.0.1 that was free a moment ago, and that no other test of this run
+/// was given before (see [`listen_on_a_new_port`]).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind 127.0.0.1:0")
-        .port()
+    listen_on_a_new_port().local_addr().unwrap().port()
+}
+
+/// A listener on 127.0.0.1, on a port that no other test of this run was given before
+/// (by this or [`free_port`]): a test's server killed or stopped, or its proxy dropped,
+/// frees its port, and a lockrun of that test still retrying it must never reach the
+/// server of a later test there (it would take or queue for that test's lock: "held
+/// with --slots 3" in a plain lock's test, seen once with 8 tests side by side).
+pub fn listen_on_a_new_port() -> TcpListener {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        let port = listener.local_addr().expect("bound address").port();
+        if !given.contains(&port) {
+            given.push(port);
+            return listener;
+        }
+    }
 }
 
 /// A port on which nothing listens (connections are refused).

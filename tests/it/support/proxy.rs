@@ -94,7 +94,7 @@ impl Proxy {
     }
 
     fn start_with(upstream_port: u16, watch: Option<Box<dyn Watch>>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let listener = super::listen_on_a_new_port();
         let port = listener.local_addr().unwrap().port();
         let shared = Arc::new(Shared {
             mode: Mutex::new(Mode::Pass),
