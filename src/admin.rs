@@ -101,7 +101,6 @@ fn conflict(holders: &[Holder], slots: u32) -> Option<String> {
     Some(slots_conflict(other.slots, slots).to_string())
 }
 
-/// Logs `msg` as an error: the command failed ([`Outcome::Failed`], 125).
 /// Prints `lines` on stdout and returns `outcome`. A reader that has gone (`lockrun list
 /// | head -1`, a closed pipe) only ends the printing: the outcome stays, and nothing is
 /// said. Any other failure to write is an error (125), on one line.
@@ -120,6 +119,7 @@ fn print_lines(lines: &[String], outcome: Outcome) -> Outcome {
     }
 }
 
+/// Logs `msg` as an error: the command failed ([`Outcome::Failed`], 125).
 fn error(msg: &str) -> Outcome {
     emit(Level::Error, Event::Error, msg, &[]);
     Outcome::Failed
