@@ -211,9 +211,13 @@ fn sweep(base: &Path) {
             .ok()
             .and_then(|t| t.elapsed().ok())
             .is_some_and(|age| age > LEFT_BEHIND);
-        let empty = fs::read_to_string(e.path().join("cgroup.events"))
-            .is_ok_and(|ev| ev.lines().any(|l| l == "populated 0"));
-        if old && empty {
+        // The events are read only for an old one: the young are the live jobs of
+        // lockruns beside this one, on every run's way.
+        let empty = || {
+            fs::read_to_string(e.path().join("cgroup.events"))
+                .is_ok_and(|ev| ev.lines().any(|l| l == "populated 0"))
+        };
+        if old && empty() {
             let _ = fs::remove_dir(e.path());
         }
     }
