@@ -1,6 +1,7 @@
 //! The guard: a small process that outlives lockrun just long enough to kill the job.
-//! Part of [`super`]; depends on `nix`, [`super::tree`], [`super::cgroup`] and
-//! [`super::wire`]. This file is lockrun's end; `guardian.rs` is the guard's own life.
+//! Part of [`super`]; depends on `nix`, [`super::tree`], [`super::cgroup`],
+//! [`super::cpus`] and [`super::wire`]. This file is lockrun's end; `guardian.rs` is the
+//! guard's own life.
 //!
 //! **Why**: a job must never run without the lock, and lockrun can die without warning
 //! (SIGKILL, the OOM killer, a CI runner's cancel). The parent-death signal reaches the
@@ -9,7 +10,8 @@
 //!
 //! **Shape**: lockrun forks the guard first thing in a run, while it still has one thread
 //! (before it parses the command line, so that the guard's start and the job's cgroup
-//! run beside the parsing and the acquire; the guard is told later which of its copy
+//! run beside the parsing and the acquire, on another CPU where there is one:
+//! [`super::cpus`]; the guard is told later which of its copy
 //! of the arguments are the command), so the guard runs ordinary code without
 //! inheriting another thread's locks. The guard:
 //! - puts itself in a process group of its own (a `kill -9 -PGID` of lockrun's group, a
@@ -62,6 +64,7 @@ use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::unistd::{fork, getpid, ForkResult, Pid};
 
 use super::cgroup::Cgroup;
+use super::cpus::Affinity;
 use super::wire::{self, FromGuard, ToGuard};
 use super::{tree, EnvChange, SpawnError};
 
@@ -103,15 +106,18 @@ impl Guard {
             SockFlag::SOCK_CLOEXEC,
         )?;
         let lockrun = getpid();
+        let affinity = Affinity::now();
         // SAFETY: this process has one thread (the caller's promise), so the child may
         // run any code: no lock can be held by a thread that does not exist there.
         match unsafe { fork() }? {
             ForkResult::Child => {
                 drop(ours);
-                super::guardian::main(theirs, line, lockrun)
+                super::guardian::main(theirs, line, lockrun, affinity)
             }
             ForkResult::Parent { child } => {
                 drop(theirs);
+                // Beside lockrun, not behind it (`cpus.rs`).
+                affinity.send_away(child);
                 Ok(Guard {
                     pid: child,
                     sock: ours,

@@ -1,7 +1,7 @@
 //! The guard's own life, after the fork: start the command, report its end to lockrun,
 //! kill the job at the lease deadline lockrun last gave or when lockrun dies. Part of
 //! [`super`] (see `guard.rs` for why and how); depends on `nix`, [`super::tree`],
-//! [`super::cgroup`], [`super::spawn`] and [`super::wire`].
+//! [`super::cgroup`], [`super::cpus`], [`super::spawn`] and [`super::wire`].
 //!
 //! It writes no log line: a blocked stderr must never keep it from its work.
 
@@ -23,12 +23,13 @@ use nix::unistd::{getpid, getppid, setpgid, Pid};
 use crate::clock::{marks, ContinueAt};
 
 use super::cgroup::Cgroup;
+use super::cpus::Affinity;
 use super::spawn::{spawn_into, Exec, Refused};
 use super::wire::{self, FromGuard, ToGuard};
 use super::{tree, ChildExit, EnvChange, FORWARDED};
 
 /// The guard's whole life: never returns.
-pub(super) fn main(sock: OwnedFd, line: Vec<OsString>, lockrun: Pid) -> ! {
+pub(super) fn main(sock: OwnedFd, line: Vec<OsString>, lockrun: Pid, affinity: Affinity) -> ! {
     marks::forked("g_forked");
     let _ = setpgid(Pid::from_raw(0), Pid::from_raw(0));
     let _ = nix::sys::prctl::set_name(c"lockrun-guard");
@@ -78,7 +79,7 @@ pub(super) fn main(sock: OwnedFd, line: Vec<OsString>, lockrun: Pid) -> ! {
     if getppid() != lockrun {
         give_up(cgroup);
     }
-    let (leader, cgroup) = start_and_report(&sock, &argv, &env, cgroup);
+    let (leader, cgroup) = start_and_report(&sock, &argv, &env, cgroup, &affinity);
     // `hold` (the file lock's descriptors) stays open until the guard exits, after
     // the whole job is dead: the kernel keeps the lock taken until then.
     let held = Held {
@@ -134,16 +135,20 @@ struct Held<'a> {
     alarm: Option<ContinueAt>,
 }
 
-/// Starts the command and tells lockrun its pid and cgroup (the cgroup is dropped if
-/// the command could not be born in it); exits if it could not be started, after
-/// telling lockrun why.
+/// Starts the command, with lockrun's CPU affinity back, and tells lockrun its pid and
+/// cgroup (the cgroup is dropped if the command could not be born in it); exits if it
+/// could not be started, after telling lockrun why.
 fn start_and_report(
     sock: &OwnedFd,
     argv: &[OsString],
     env: &[EnvChange],
     cgroup: Option<Cgroup>,
+    affinity: &Affinity,
 ) -> (Pid, Option<Cgroup>) {
     marks::mark("g_spawn_order");
+    // lockrun sent the guard to its other CPUs before it gave any order: the command
+    // gets lockrun's affinity.
+    affinity.put_back();
     match start_command(argv, env, cgroup.as_ref()) {
         Ok((leader, joined)) => {
             let cgroup = match cgroup {

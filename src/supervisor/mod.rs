@@ -13,6 +13,9 @@
 //! - [`tree`]: the descendants of a pid read from `/proc`, signalled one by one (the
 //!   command's own group first, with `killpg`).
 //!
+//! [`cpus`]: the guard runs on lockrun's other CPUs until it starts the command, which
+//! gets lockrun's CPU affinity.
+//!
 //! [`trim`]: once the command has run a while, lockrun and its guard give back the
 //! pages of the program that start-up mapped.
 //!
@@ -31,6 +34,7 @@
 //! command inherits it ignored too, as it would without lockrun in between.
 
 mod cgroup;
+mod cpus;
 mod guard;
 mod guardian;
 mod spawn;

@@ -301,13 +301,11 @@ fn key_prefixes_are_part_of_the_file_name_and_never_merge_two_locks() {
 fn a_waiter_runs_when_hold_at_least_ends_not_before() {
     let f = FileService::start();
     let s = Scratch::new();
+    // Made before the clock starts: the first `lockrun_run` joins the tests that run
+    // side by side, which waits while one that runs alone ends.
+    let first = lockrun_run(&f.lock_url(), "job", &["--hold-at-least", "2s"], &["true"]);
     let started = Instant::now();
-    let first = run(lockrun_run(
-        &f.lock_url(),
-        "job",
-        &["--hold-at-least", "2s"],
-        &["true"],
-    ));
+    let first = run(first);
     first.assert_code(0);
     let mut w = lockrun_run(
         &f.lock_url(),

@@ -1,9 +1,11 @@
 //! The supervised command: signals sent to lockrun reach it (here), its whole process
 //! group is stopped before the lock is released (`group`), it dies with lockrun,
 //! `--max-runtime` and `--hold-at-least`, inherited stdio, and lockrun as PID 1
-//! (`lifetime`), signals ignored when lockrun starts stay ignored (`ignored`), and a
-//! long hold gives back the program's code pages (`memory`).
+//! (`lifetime`), the command's CPU affinity is lockrun's (`affinity`), signals ignored
+//! when lockrun starts stay ignored (`ignored`), and a long hold gives back the
+//! program's code pages (`memory`).
 
+mod affinity;
 mod group;
 mod ignored;
 mod lifetime;
