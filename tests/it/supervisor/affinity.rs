@@ -5,7 +5,8 @@ use std::process::Command;
 
 use crate::support::*;
 
-/// The `Cpus_allowed_list` line of `/proc/PID/status` (`self` for this process).
+/// The `Cpus_allowed_list` line of a `/proc/.../status` (`thread-self`: this test's
+/// thread, whose affinity the lockrun it starts inherits).
 fn allowed(status: &str) -> String {
     status
         .lines()
@@ -45,7 +46,7 @@ fn commands_cpus(wrap: &[&str]) -> String {
 
 #[test]
 fn the_command_may_run_on_every_cpu_lockrun_may() {
-    let ours = allowed(&std::fs::read_to_string("/proc/self/status").unwrap());
+    let ours = allowed(&std::fs::read_to_string("/proc/thread-self/status").unwrap());
     // On a machine of two CPUs or more, the guard ran on fewer than these until it
     // started the command.
     assert_eq!(
@@ -57,7 +58,7 @@ fn the_command_may_run_on_every_cpu_lockrun_may() {
 
 #[test]
 fn lockrun_on_one_cpu_runs_its_command_on_that_cpu() {
-    let ours = allowed(&std::fs::read_to_string("/proc/self/status").unwrap());
+    let ours = allowed(&std::fs::read_to_string("/proc/thread-self/status").unwrap());
     // The last CPU this test may use: `a-b,c` ends with c, `a-b` with b.
     let last = ours.rsplit([',', '-']).next().unwrap().to_owned();
     assert_eq!(commands_cpus(&["taskset", "-c", &last]), last);
