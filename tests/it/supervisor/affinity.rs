@@ -1,8 +1,6 @@
 //! The command's CPU affinity is lockrun's, although lockrun runs its guard on its other
 //! CPUs until the command starts (`src/supervisor/cpus.rs`).
 
-use std::process::Command;
-
 use crate::support::*;
 
 /// The `Cpus_allowed_list` line of a `/proc/.../status` (`thread-self`: this test's
@@ -24,21 +22,10 @@ fn commands_cpus(wrap: &[&str]) -> String {
     let out = s.path("status");
     let line = format!("cat /proc/self/status > '{}'", out.display());
     let lockrun = lockrun_run(&url, "cpus", &[], &["sh", "-c", &line]);
-    let cmd = match wrap.split_first() {
-        Some((program, args)) => {
-            let mut c = Command::new(program);
-            c.args(args)
-                .arg(lockrun.get_program())
-                .args(lockrun.get_args());
-            for (key, value) in lockrun.get_envs() {
-                match value {
-                    Some(v) => c.env(key, v),
-                    None => c.env_remove(key),
-                };
-            }
-            c
-        }
-        None => lockrun,
+    let cmd = if wrap.is_empty() {
+        lockrun
+    } else {
+        wrapped(wrap, &lockrun)
     };
     run(cmd).assert_code(0);
     allowed(&std::fs::read_to_string(out).expect("the command ran"))
