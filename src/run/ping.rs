@@ -193,7 +193,7 @@ fn warn(msg: &str, ping: &str, reason: &str) {
 /// (still one UUID healthchecks accepts) if it has none.
 fn uuid_v4() -> String {
     let mut b = [0u8; 16];
-    let _ = getrandom::fill(&mut b);
+    let _ = crate::token::fill(&mut b);
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();

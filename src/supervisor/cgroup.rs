@@ -48,7 +48,7 @@ impl Cgroup {
             // container's lockrun is 1), or one left by a lockrun that could not clean
             // up: never taken over, a name of its own then.
             let mut salt = [0u8; 4];
-            getrandom::fill(&mut salt).ok()?;
+            crate::token::fill(&mut salt).ok()?;
             name = format!("lockrun-{id}-{:08x}", u32::from_ne_bytes(salt));
             dir = base.join(&name);
             fs::create_dir(&dir).ok()?;
