@@ -69,8 +69,7 @@ pub(super) fn main(sock: OwnedFd, line: Vec<OsString>, lockrun: Pid, affinity: A
     // guard.
     let Some(Orders {
         deadline,
-        argv,
-        env,
+        start,
         hold,
     }) = orders(&sock, &line)
     else {
@@ -79,7 +78,7 @@ pub(super) fn main(sock: OwnedFd, line: Vec<OsString>, lockrun: Pid, affinity: A
     if getppid() != lockrun {
         give_up(cgroup);
     }
-    let (leader, cgroup) = start_and_report(&sock, &argv, &env, cgroup, &affinity);
+    let (leader, cgroup) = start_and_report(&sock, start, cgroup, &affinity);
     // `hold` (the file lock's descriptors) stays open until the guard exits, after
     // the whole job is dead: the kernel keeps the lock taken until then.
     let held = Held {
@@ -94,10 +93,18 @@ pub(super) fn main(sock: OwnedFd, line: Vec<OsString>, lockrun: Pid, affinity: A
 struct Orders {
     /// The lease's first deadline, if it came.
     deadline: Option<Duration>,
-    argv: Vec<OsString>,
-    env: Vec<EnvChange>,
+    start: Start,
     /// The descriptors that hold a file lock.
     hold: Vec<OwnedFd>,
+}
+
+/// The command to start.
+struct Start {
+    argv: Vec<OsString>,
+    /// `argv` ready for `execve` but for `env`, made when lockrun named the command.
+    exec: io::Result<Exec>,
+    /// The variables lockrun sets for the command (or leaves out), with the order.
+    env: Vec<EnvChange>,
 }
 
 /// Waits for the order to start the command: `None` if lockrun is gone or asks out of
@@ -106,19 +113,20 @@ struct Orders {
 /// arguments of `line`.
 fn orders(sock: &OwnedFd, line: &[OsString]) -> Option<Orders> {
     let mut deadline = None;
-    let mut argv = None;
+    let mut argv: Option<Vec<OsString>> = None;
+    let mut exec = None;
     loop {
         match wire::recv_to_guard(sock.as_fd(), true) {
             Ok(Some((ToGuard::Deadline(d), _))) => deadline = Some(d),
             Ok(Some((ToGuard::Command(n), _))) => {
                 let first = line.len().checked_sub(n as usize).filter(|_| n > 0);
                 argv = first.map(|i| line[i..].to_vec());
+                exec = argv.as_deref().map(Exec::new);
             }
             Ok(Some((ToGuard::Spawn(env), hold))) => {
-                return argv.map(|argv| Orders {
+                return argv.zip(exec).map(|(argv, exec)| Orders {
                     deadline,
-                    argv,
-                    env,
+                    start: Start { argv, exec, env },
                     hold,
                 })
             }
@@ -140,8 +148,7 @@ struct Held<'a> {
 /// could not be started, after telling lockrun why.
 fn start_and_report(
     sock: &OwnedFd,
-    argv: &[OsString],
-    env: &[EnvChange],
+    start: Start,
     cgroup: Option<Cgroup>,
     affinity: &Affinity,
 ) -> (Pid, Option<Cgroup>) {
@@ -149,7 +156,7 @@ fn start_and_report(
     // lockrun sent the guard to its other CPUs before it gave any order: the command
     // gets lockrun's affinity.
     affinity.put_back();
-    match start_command(argv, env, cgroup.as_ref()) {
+    match start_command(start, cgroup.as_ref()) {
         Ok((leader, joined)) => {
             let cgroup = match cgroup {
                 Some(c) if !joined => {
@@ -235,13 +242,11 @@ fn let_go_of_the_commands_files() {
 /// Starts the command as the guard's child, leader of a new process group: born in
 /// `cgroup` when there is one and `clone3` may be used. Returns its pid and whether
 /// it is in the cgroup.
-fn start_command(
-    argv: &[OsString],
-    env: &[EnvChange],
-    cgroup: Option<&Cgroup>,
-) -> io::Result<(Pid, bool)> {
+fn start_command(start: Start, cgroup: Option<&Cgroup>) -> io::Result<(Pid, bool)> {
+    let Start { argv, exec, env } = start;
     if let Some(dir) = cgroup.and_then(|c| c.open_dir().ok()) {
-        let exec = Exec::new(argv, env)?;
+        let mut exec = exec?;
+        exec.change_env(&env)?;
         match spawn_into(&exec, dir.as_fd(), getpid()) {
             Ok(pid) => return Ok((pid, true)),
             Err(Refused::Exec(e)) => return Err(e),

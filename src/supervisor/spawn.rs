@@ -13,7 +13,7 @@
 //! it), no signal blocked, then the `PATH` search of `execvp`. Everything it needs is
 //! built before the call: the child only makes async-signal-safe system calls.
 
-use std::ffi::{CString, OsStr, OsString};
+use std::ffi::{CString, OsString};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -51,18 +51,15 @@ pub struct Exec {
 }
 
 impl Exec {
-    /// `argv` with lockrun's environment changed by `env`.
-    pub fn new(argv: &[OsString], env: &[EnvChange]) -> io::Result<Exec> {
+    /// `argv` with lockrun's environment: made as soon as the guard knows the command,
+    /// beside the acquire; the variables lockrun sets for the command come with the
+    /// order to start it ([`Exec::change_env`]).
+    pub fn new(argv: &[OsString]) -> io::Result<Exec> {
         let program = argv
             .first()
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "empty command"))?;
-        let c = |s: &OsStr| {
-            CString::new(s.as_bytes()).map_err(|_| {
-                io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the command")
-            })
-        };
         let candidates = if program.as_bytes().contains(&b'/') {
-            vec![c(program)?]
+            vec![c_string(program.as_bytes())?]
         } else {
             let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
             let mut out = Vec::new();
@@ -74,32 +71,55 @@ impl Exec {
                 };
                 full.push(b'/');
                 full.extend_from_slice(program.as_bytes());
-                out.push(c(OsStr::from_bytes(&full))?);
+                out.push(c_string(&full)?);
             }
             out
         };
-        let mut vars: Vec<(OsString, OsString)> = std::env::vars_os().collect();
-        for change in env {
-            match change {
-                EnvChange::Set(k, v) => {
-                    vars.retain(|(name, _)| name != k.as_str());
-                    vars.push((k.into(), v.into()));
-                }
-                EnvChange::Remove(k) => vars.retain(|(name, _)| name != k.as_str()),
-            }
-        }
-        let mut envp = Vec::with_capacity(vars.len());
-        for (k, v) in vars {
+        let mut envp = Vec::new();
+        for (k, v) in std::env::vars_os() {
             let mut kv = k.into_vec();
             kv.push(b'=');
             kv.extend_from_slice(v.as_bytes());
-            envp.push(c(OsStr::from_bytes(&kv))?);
+            envp.push(c_string(&kv)?);
         }
         Ok(Exec {
             candidates,
-            argv: argv.iter().map(|a| c(a)).collect::<io::Result<_>>()?,
+            argv: argv
+                .iter()
+                .map(|a| c_string(a.as_bytes()))
+                .collect::<io::Result<_>>()?,
             envp,
         })
+    }
+
+    /// Changes the command's environment by `env`, in order: a variable set replaces
+    /// any of the same name, one removed is left out.
+    pub fn change_env(&mut self, env: &[EnvChange]) -> io::Result<()> {
+        for change in env {
+            let (EnvChange::Set(name, _) | EnvChange::Remove(name)) = change;
+            self.envp
+                .retain(|kv| var_name(kv.as_bytes()) != name.as_bytes());
+            if let EnvChange::Set(name, value) = change {
+                self.envp
+                    .push(c_string(format!("{name}={value}").as_bytes())?);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `bytes` as a C string; a NUL byte in them is the command's fault.
+fn c_string(bytes: &[u8]) -> io::Result<CString> {
+    CString::new(bytes)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the command"))
+}
+
+/// The name in `NAME=value`, as std's `vars_os` reads it: up to the first `=` after
+/// the first byte.
+fn var_name(kv: &[u8]) -> &[u8] {
+    match kv.iter().skip(1).position(|&b| b == b'=') {
+        Some(i) => &kv[..=i],
+        None => kv,
     }
 }
 
@@ -348,5 +368,58 @@ unsafe fn child(
             errno = libc::EACCES;
         }
         fail(errno)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(exec: &Exec) -> Vec<String> {
+        exec.envp
+            .iter()
+            .map(|kv| kv.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn the_order_sets_and_removes_variables_once_each() {
+        let mut exec = Exec::new(&["true".into()]).unwrap();
+        let before = env_of(&exec);
+        let path = before.iter().find(|kv| kv.starts_with("PATH=")).cloned();
+        let set = |k: &str, v: &str| EnvChange::Set(k.into(), v.into());
+        let changes = [
+            set("LOCKRUN_T", "1"),
+            set("LOCKRUN_T", "2"),
+            EnvChange::Remove("PATH".into()),
+            set("LOCKRUN_U", "a=b"),
+        ];
+        exec.change_env(&changes).unwrap();
+        let after = env_of(&exec);
+        assert_eq!(
+            after
+                .iter()
+                .filter(|kv| kv.starts_with("LOCKRUN_T="))
+                .count(),
+            1
+        );
+        assert!(after.contains(&"LOCKRUN_T=2".to_owned()), "{after:?}");
+        assert!(after.contains(&"LOCKRUN_U=a=b".to_owned()), "{after:?}");
+        assert!(!after.iter().any(|kv| kv.starts_with("PATH=")), "{after:?}");
+        // Nothing else changed.
+        let kept: Vec<&String> = before
+            .iter()
+            .filter(|kv| Some(*kv) != path.as_ref())
+            .collect();
+        assert!(kept.iter().all(|kv| after.contains(kv)));
+        assert_eq!(after.len(), kept.len() + 2);
+    }
+
+    #[test]
+    fn a_name_is_read_as_std_reads_it() {
+        assert_eq!(var_name(b"A=1"), b"A");
+        assert_eq!(var_name(b"A=1=2"), b"A");
+        assert_eq!(var_name(b"=A=1"), b"=A");
+        assert_eq!(var_name(b"NOVALUE"), b"NOVALUE");
     }
 }
