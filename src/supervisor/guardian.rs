@@ -113,18 +113,21 @@ struct Start {
 /// arguments of `line`.
 fn orders(sock: &OwnedFd, line: &[OsString]) -> Option<Orders> {
     let mut deadline = None;
-    let mut argv: Option<Vec<OsString>> = None;
-    let mut exec = None;
+    // The command's arguments, and them ready for `execve`.
+    let mut command = None;
     loop {
         match wire::recv_to_guard(sock.as_fd(), true) {
             Ok(Some((ToGuard::Deadline(d), _))) => deadline = Some(d),
             Ok(Some((ToGuard::Command(n), _))) => {
                 let first = line.len().checked_sub(n as usize).filter(|_| n > 0);
-                argv = first.map(|i| line[i..].to_vec());
-                exec = argv.as_deref().map(Exec::new);
+                command = first.map(|i| {
+                    let argv = line[i..].to_vec();
+                    let exec = Exec::new(&argv);
+                    (argv, exec)
+                });
             }
             Ok(Some((ToGuard::Spawn(env), hold))) => {
-                return argv.zip(exec).map(|(argv, exec)| Orders {
+                return command.map(|(argv, exec)| Orders {
                     deadline,
                     start: Start { argv, exec, env },
                     hold,
