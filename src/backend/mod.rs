@@ -34,6 +34,8 @@ use std::os::fd::RawFd;
 use std::pin::Pin;
 use std::time::Duration;
 
+use crate::clock::BootInstant;
+
 pub use error::{slots_conflict, BackendError};
 pub use record::{EndedBy, LastOk, Period, RunEnd, RunRecord, Skip};
 
@@ -160,6 +162,17 @@ pub enum Acquire {
         fencing_token: u64,
         /// The slot taken, 0 to N-1 (0 for a plain lock).
         slot: u32,
+    },
+    /// Ours, granted by the last holder's release while we waited (Redis): its lease
+    /// counts from `asked_at`, when the last attempt that found the lock busy was sent,
+    /// not from the attempt that returns this.
+    Granted {
+        /// As for [`Acquire::Acquired`].
+        fencing_token: u64,
+        /// As for [`Acquire::Acquired`].
+        slot: u32,
+        /// When the lease began, at the latest.
+        asked_at: BootInstant,
     },
     /// Someone else holds it (with `--slots N`: every slot is held; this is the
     /// holder whose lease ends first, the one a waiter waits for).

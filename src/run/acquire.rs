@@ -166,6 +166,15 @@ async fn send<B: Backend>(
             slot,
             sent_at,
         },
+        Ok(Ok(Acquire::Granted {
+            fencing_token,
+            slot,
+            asked_at,
+        })) => Reply::Acquired {
+            fencing_token,
+            slot,
+            sent_at: asked_at.min(sent_at),
+        },
         Ok(Ok(Acquire::Busy(holder))) => Reply::Busy(holder),
         Ok(Err(e)) => Reply::Failed(e),
         Err(_elapsed) => Reply::TimedOut(timeout),

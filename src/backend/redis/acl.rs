@@ -8,7 +8,9 @@
 //! `--wait`, `SUBSCRIBE` to its own wake-up channel; the scripts call the commands in
 //! [`SCRIPT_COMMANDS`] on keys under the key prefix and `PUBLISH` to channels under it
 //! (`P{NAME}:wake:ID`); the acquire script also reads `INFO memory` (the eviction
-//! check; without `+info` the lock is still taken, unchecked, and `-v` says so).
+//! check; without `+info` the lock is still taken, unchecked, and `-v` says so), and a
+//! release asks `PUBSUB NUMSUB` whether the waiter it would grant the lock to listens
+//! (without it, the waiter is woken and asks, as before grants).
 //! `HELLO` and `AUTH` need no permission. A URL that names a
 //! database also sends `SELECT`, and a Sentinel target asks the master `ROLE`: those
 //! two are not in the rule, and the error line names them if they are denied. Nor are
@@ -22,9 +24,25 @@
 pub const CLIENT_COMMANDS: [&str; 3] = ["eval", "evalsha", "subscribe"];
 
 /// The commands lockrun's scripts call, in alphabetical order.
-pub const SCRIPT_COMMANDS: [&str; 17] = [
-    "del", "exists", "get", "hdel", "hexists", "hget", "hmget", "hset", "info", "pexpire", "pttl",
-    "publish", "set", "time", "zadd", "zrange", "zrem",
+pub const SCRIPT_COMMANDS: [&str; 18] = [
+    "del",
+    "exists",
+    "get",
+    "hdel",
+    "hexists",
+    "hget",
+    "hmget",
+    "hset",
+    "info",
+    "pexpire",
+    "pttl",
+    "publish",
+    "pubsub|numsub",
+    "set",
+    "time",
+    "zadd",
+    "zrange",
+    "zrem",
 ];
 
 /// `prefix` with the characters Redis glob patterns treat specially escaped, for a
@@ -83,8 +101,15 @@ mod tests {
         for opening in ["redis.call('", "redis.pcall('"] {
             for (at, _) in src.match_indices(opening) {
                 let rest = &src[at + opening.len()..];
-                let name = &rest[..rest.find('\'').expect("a closing quote")];
-                out.insert(name.to_ascii_lowercase());
+                let name = rest[..rest.find('\'').expect("a closing quote")].to_ascii_lowercase();
+                // A command with subcommands is allowed one of them: `pubsub|numsub`.
+                let sub = rest
+                    .strip_prefix("PUBSUB', '")
+                    .and_then(|r| r.find('\'').map(|end| &r[..end]));
+                match sub {
+                    Some(sub) => out.insert(format!("{name}|{}", sub.to_ascii_lowercase())),
+                    None => out.insert(name),
+                };
             }
         }
         out
@@ -109,7 +134,7 @@ mod tests {
             setuser_line("lockrun", "lockrun:"),
             "ACL SETUSER lockrun reset on >PASSWORD ~lockrun:* &lockrun:* +eval +evalsha +subscribe \
              +del +exists +get +hdel +hexists +hget +hmget +hset +info +pexpire +pttl \
-             +publish +set +time +zadd +zrange +zrem"
+             +publish +pubsub|numsub +set +time +zadd +zrange +zrem"
         );
     }
 

@@ -115,11 +115,12 @@ impl Subscriber {
     }
 }
 
-/// Waits for the next wake-up on `messages`: `None` when the connection is gone.
-pub async fn next_wakeup(messages: &mut Messages) -> Option<()> {
+/// Waits for the next wake-up on `messages` and gives its payload (`released`, or a
+/// grant: `grants.rs`): `None` when the connection is gone.
+pub async fn next_wakeup(messages: &mut Messages) -> Option<Vec<u8>> {
     let message = messages.stream.next().await;
     messages.overrun.reset();
-    message.map(|_| ())
+    message.map(|m| m.get_payload_bytes().to_vec())
 }
 
 /// The subscriber slot of one Redis server.

@@ -81,6 +81,7 @@ pub mod acl;
 mod cluster;
 mod conn;
 mod errors;
+mod grants;
 mod names;
 mod probe;
 pub(crate) mod redlock;
@@ -100,30 +101,13 @@ use redis::FromRedisValue;
 use crate::backend::conn::InUse;
 use crate::backend::url::BackendConfig;
 use crate::backend::{slots_conflict, AcquireRequest, Backend, BackendError};
+use crate::clock::BootInstant;
 use crate::log::{emit, Event, Level};
 use conn::{RedisConn, RedisSlot, SubscriberSlot};
 use replies::{AcquireReply, Checked, Done, HoldersReply};
+pub use scripts::{script_sha1, script_source, FENCE_KEEP, MAX_LEASE, WAKE_GRACE};
 use scripts::{Keys, Script};
-pub use scripts::{FENCE_KEEP, MAX_LEASE, WAKE_GRACE};
 pub use target::{RedisTarget, KIND};
-
-/// The Lua source lockrun sends for its script `name` (`acquire`, `renew`, `release`,
-/// `fence_floor`, `leave`, `inspect`, `force`), helpers included: what an operator
-/// or a test can EVAL by hand to see exactly what lockrun runs.
-pub fn script_source(name: &str) -> Option<&'static str> {
-    Script::ALL
-        .into_iter()
-        .find(|s| s.name() == name)
-        .map(Script::source)
-}
-
-/// The SHA-1 (hex) of the script of that name, as `EVALSHA` names it.
-pub fn script_sha1(name: &str) -> Option<&'static str> {
-    Script::ALL
-        .into_iter()
-        .find(|s| s.name() == name)
-        .map(Script::sha1)
-}
 
 /// How long a waiter's heartbeat lasts; a waiter re-checks (and so renews it) at least
 /// every [`crate::backend::MAX_WAIT_SLICE`].
@@ -171,6 +155,9 @@ pub struct RedisBackend {
     taken: Mutex<Option<(String, u32)>>,
     /// Set once `-v` was told that this server would not let the eviction check run.
     told_unchecked: AtomicBool,
+    /// A waiter's grants (`grants.rs`); `None` where they are not asked for (no
+    /// `--wait`, or a Redlock member: a grant is one server's, not the quorum's).
+    grants: Option<grants::Grants>,
 }
 
 impl RedisBackend {
@@ -193,6 +180,7 @@ impl RedisBackend {
             place: None,
             taken: Mutex::new(None),
             told_unchecked: AtomicBool::new(false),
+            grants: notifications.then(grants::Grants::default),
         }
     }
 
@@ -201,6 +189,7 @@ impl RedisBackend {
     pub fn queued_at(self, place: u64) -> RedisBackend {
         RedisBackend {
             place: Some(place),
+            grants: None,
             ..self
         }
     }
@@ -277,6 +266,7 @@ impl RedisBackend {
         let waiter_id = if waiter { self.waiter_id.as_str() } else { "" };
         let wanted = wanted.map(|s| s.to_string()).unwrap_or_default();
         let place = self.place.map(|p| p.to_string()).unwrap_or_default();
+        let grants = self.grants.as_ref().filter(|_| waiter);
         let args = [
             req.token.as_str(),
             &ms(req.ttl),
@@ -287,8 +277,13 @@ impl RedisBackend {
             &wanted,
             if self.target.allow_eviction { "1" } else { "" },
             &place,
+            if grants.is_some() { "1" } else { "" },
         ];
+        let sent_at = BootInstant::now();
         let Checked { reply, unchecked } = self.eval(Script::Acquire, name, None, &args).await?;
+        if let (Some(g), AcquireReply::Busy(_)) = (grants, &reply) {
+            g.asked(&req.token, sent_at);
+        }
         if let Some(why) = unchecked {
             if !self.told_unchecked.swap(true, Ordering::Relaxed) {
                 crate::log::emit(

@@ -12,6 +12,7 @@ use crate::backend::{
     slots_conflict, wait_slice, Acquire, AcquireRequest, Backend, BackendError, Holder, Release,
     RunEnd, RunRecord,
 };
+use crate::clock::BootInstant;
 
 /// Holders as `status` shows them: when none of them shows that they were taken with
 /// another N, yet the limit key says so (`theirs`), a refusal; otherwise the holders
@@ -26,6 +27,22 @@ pub(super) fn shown(reply: HoldersReply, ours: u32) -> Result<Vec<Holder>, Backe
 
 impl Backend for RedisBackend {
     async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
+        let now = BootInstant::now();
+        if let Some(g) = self
+            .grants
+            .as_ref()
+            .and_then(|g| g.take(&req.token, req.ttl, now))
+        {
+            // Granted by the holder's release: no round trip (grants.rs).
+            *self.taken.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some((req.token.clone(), g.slot));
+            drop(self.subscriber.take());
+            return Ok(Acquire::Granted {
+                fencing_token: g.fence,
+                slot: g.slot,
+                asked_at: g.since,
+            });
+        }
         match self.acquire_slot(name, req, None).await? {
             AcquireReply::Acquired {
                 fencing_token,
@@ -114,13 +131,15 @@ impl Backend for RedisBackend {
         // Without a subscription (polling, or one lost), this sleeps the slice; a lost
         // connection ends the wait early and is subscribed again at the next try.
         let slice = wait_slice(busy.ttl_left, max);
-        slot::wait_for_wakeup(
-            &self.subscriber,
-            Subscriber::messages,
-            slice,
-            conn::next_wakeup,
-        )
-        .await;
+        let grants = self.grants.as_ref();
+        let next = async |m: &mut conn::Messages| {
+            let payload = conn::next_wakeup(m).await?;
+            if let Some(g) = grants {
+                g.heard(&payload);
+            }
+            Some(())
+        };
+        slot::wait_for_wakeup(&self.subscriber, Subscriber::messages, slice, next).await;
         Ok(())
     }
 
@@ -131,6 +150,11 @@ impl Backend for RedisBackend {
         let Done(_) = self
             .eval(Script::Leave, name, None, &[&self.waiter_id])
             .await?;
+        // A release may have granted the lock to this waiter meanwhile, unheard: give
+        // it back (a token that holds nothing here changes nothing).
+        if let Some(token) = self.grants.as_ref().and_then(|g| g.last_token()) {
+            let _ = self.release(name, &token, Release::Now, None).await;
+        }
         Ok(())
     }
 }

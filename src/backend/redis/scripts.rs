@@ -4,7 +4,9 @@
 //!
 //! One file per script under `scripts/`, included at build time; the scripts that free
 //! a slot get the wake-up helper (`scripts/wake.lua`) prepended, those that set a
-//! semaphore holder's lease the limit helper (`scripts/limit.lua`). Each script is
+//! semaphore holder's lease the limit helper (`scripts/limit.lua`), those that take a
+//! slot the eviction check (`scripts/evict.lua`), and the release the grant
+//! (`scripts/grant.lua`). Each script is
 //! chosen by the [`Script`] enum, which also knows how many fixed keys it takes before
 //! the slot keys; [`Keys::for_script`] is the one place that lists them.
 
@@ -50,7 +52,8 @@ pub enum Script {
     Acquire,
     /// Extend our lease if the stored token is ours (in the slot taken, or any).
     Renew,
-    /// Delete (or shorten) our slot, wherever it is, and wake one waiter.
+    /// Delete (or shorten) our slot, wherever it is, and wake one waiter (or grant it
+    /// the slot, when it asked for grants).
     Release,
     /// Redlock: raise this server's fencing counter to the quorum's token.
     FenceFloor,
@@ -85,6 +88,7 @@ impl Script {
             Script::Acquire => concat!(
                 include_str!("scripts/args.lua"),
                 include_str!("scripts/limit.lua"),
+                include_str!("scripts/evict.lua"),
                 include_str!("scripts/acquire.lua")
             ),
             Script::Renew => concat!(
@@ -95,6 +99,8 @@ impl Script {
             Script::Release => concat!(
                 include_str!("scripts/args.lua"),
                 include_str!("scripts/limit.lua"),
+                include_str!("scripts/evict.lua"),
+                include_str!("scripts/grant.lua"),
                 include_str!("scripts/wake.lua"),
                 include_str!("scripts/release.lua")
             ),
@@ -122,7 +128,8 @@ impl Script {
             Script::Inspect | Script::Renew | Script::LastRun => 1,
             Script::FenceFloor | Script::Leave => 2,
             Script::Force => 3,
-            Script::Release | Script::Acquire => 4,
+            Script::Acquire => 4,
+            Script::Release => 5,
         }
     }
 
@@ -138,13 +145,13 @@ impl Script {
     /// changes).
     pub fn sha1(self) -> &'static str {
         match self {
-            Script::Acquire => "09fa60b35ffda043ead4446624d0a34a8ec58f71",
+            Script::Acquire => "aa46cd0cb4f1f0292b3d159146d4a97d78dc1458",
             Script::Renew => "93a1445f46bebddcfea33e33c407b939882d0c0f",
-            Script::Release => "009ad3b30b4a384936146a4d858203ba16ce4f38",
+            Script::Release => "b683ec7cfd5b0976cefc87a784489085f71dddbd",
             Script::FenceFloor => "27f0bcad53a7f85edfe1dd2d78912fa6a7ad0c97",
-            Script::Leave => "09420e528fdaa0a0612600b698aa25ba5d7bba6c",
+            Script::Leave => "8f3ac4c0a52d50fd343e76187f3db5d71c48de78",
             Script::Inspect => "1a4280b32b65a66a8869171fac270bd824b16118",
-            Script::Force => "9f7b3b6b72aeee8e8421fb73b17915af6ef1fed8",
+            Script::Force => "f971dbf6f1d17e9cd60e703f16a27c112ae89cb1",
             Script::LastRun => "3cbf20beaec1d80815b3558e50f4f22b22f0993f",
         }
     }
@@ -172,6 +179,24 @@ impl Script {
             Script::LastRun => "last_run",
         }
     }
+}
+
+/// The Lua source lockrun sends for its script `name` (`acquire`, `renew`, `release`,
+/// `fence_floor`, `leave`, `inspect`, `force`), helpers included: what an operator
+/// or a test can EVAL by hand to see exactly what lockrun runs.
+pub fn script_source(name: &str) -> Option<&'static str> {
+    Script::ALL
+        .into_iter()
+        .find(|s| s.name() == name)
+        .map(Script::source)
+}
+
+/// The SHA-1 (hex) of the script of that name, as `EVALSHA` names it.
+pub fn script_sha1(name: &str) -> Option<&'static str> {
+    Script::ALL
+        .into_iter()
+        .find(|s| s.name() == name)
+        .map(Script::sha1)
 }
 
 /// Set once a server refused `EVALSHA` (`NOPERM`: a user with the ACL rule of an
@@ -207,7 +232,8 @@ pub struct Keys {
     /// `P{NAME}:waiters`: the queue of waiters, by arrival (under Redlock, by the place
     /// each waiter gives).
     pub queue: String,
-    /// `P{NAME}:alive`: each waiter's heartbeat (and `w:ID` while it is woken).
+    /// `P{NAME}:alive`: each waiter's heartbeat (and `w:ID` while it is woken, `g:ID`
+    /// what a release needs to grant it a slot).
     pub alive: String,
     /// `P{NAME}:slots`: the N of `--slots` of the semaphore's live holders, as long as
     /// their longest lease (never written for a plain lock).
@@ -259,6 +285,7 @@ impl Keys {
                 self.alive.clone(),
                 self.limit.clone(),
                 self.last.clone(),
+                self.fence.clone(),
             ],
             Script::Force => vec![self.queue.clone(), self.alive.clone(), self.limit.clone()],
             Script::LastRun => vec![self.last.clone()],
@@ -348,6 +375,7 @@ mod tests {
                 "p:{n}:alive",
                 "p:{n}:slots",
                 "p:{n}:last",
+                "p:{n}:fence",
                 "p:{n}"
             ]
         );
@@ -373,7 +401,7 @@ mod tests {
         );
         assert_eq!(k.for_script(Script::FenceFloor, 3, Some(2))[1], "p:{n}#2");
         // Release always looks everywhere: a lost acquire answer leaves the slot unknown.
-        assert_eq!(k.for_script(Script::Release, 3, Some(1)).len(), 7);
+        assert_eq!(k.for_script(Script::Release, 3, Some(1)).len(), 8);
     }
 
     #[test]
@@ -419,6 +447,8 @@ mod tests {
             let body = src
                 .replace(include_str!("scripts/args.lua"), "")
                 .replace(include_str!("scripts/limit.lua"), "")
+                .replace(include_str!("scripts/evict.lua"), "")
+                .replace(include_str!("scripts/grant.lua"), "")
                 .replace(include_str!("scripts/wake.lua"), "");
             let first = |words: &[&str]| words.iter().filter_map(|w| body.find(w)).min();
             let check = first(&["bad_ms(", "error_reply("]);

@@ -123,6 +123,7 @@ fn renew_and_release_refuse_a_lease_the_server_cannot_take() {
         "lockrun:{job}:alive",
         limit.as_str(),
         "lockrun:{job}:last",
+        "lockrun:{job}:fence",
         key.as_str(),
     ];
     for bad in BAD_MS {

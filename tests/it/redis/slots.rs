@@ -39,10 +39,11 @@ fn force_keys(n: u32) -> Vec<String> {
 }
 
 /// The keys of the release script for semaphore "job" of `n` slots: the force
-/// script's, with the run record's before the slots.
+/// script's, with the run record's and the fencing counter's before the slots.
 fn release_keys(n: u32) -> Vec<String> {
     let mut keys = force_keys(0);
     keys.push(format!("{}:last", lock_key("job")));
+    keys.push(fence_key("job"));
     keys.extend((0..n).map(|i| slot_key("job", i)));
     keys
 }

@@ -4,7 +4,10 @@
 --   ('' or none: the lowest free one; Redlock asks for one slot in its second round),
 --   allow_eviction ('1': --allow-eviction; '' or none: check the server's policy),
 --   place (the waiter's place in the queue, microseconds: Redlock gives every server
---   the same one, see below; '' or none: the server's time when it first joins).
+--   the same one, see below; '' or none: the server's time when it first joins),
+--   grants ('1': this waiter takes a slot a release grants it, see grant.lua, and a
+--   slot found held with its own token is its grant; '' or none: wake-ups only, as
+--   Redlock's waiters have them).
 -- Returns {1, fence, slot, free} when acquired (free: one character per slot, '1' where
 -- it was free); {0, host, pid, since_ms, fence, pttl, slot, slots} when busy (the holder
 -- of the wanted slot, or the one whose lease ends first; when the free slots are kept
@@ -24,31 +27,14 @@ if n < 1 or (wanted ~= '' and not (string.match(wanted, '^%d+$') and #wanted <= 
     n .. ', not ' .. wanted)
 end
 local want = tonumber(wanted)
--- A server that may evict keys (maxmemory set, a policy other than noeviction; the
--- volatile-* ones too: the lock has an expiry) may drop the lock while it is held, and
--- a second holder gets in: refused, before anything is written, unless allowed. INFO
--- is read here, in the same round trip; a server that will not let the script read it
--- (an ACL without INFO) is told apart, and the lock is taken.
--- (A field is found by a plain search for its line: a pattern search would cost more
--- than INFO itself.)
-local function info_field(info, name)
-  local at = string.find(info, '\n' .. name .. ':', 1, true)
-  return at and string.match(info, '^[%w_%-]+', at + #name + 2)
-end
+-- A server that may evict keys is refused, before anything is written, unless allowed
+-- (evict.lua). INFO is read here, in the same round trip; a server that will not let
+-- the script read it (an ACL without INFO) is told apart, and the lock is taken.
 local unchecked = nil
 if ARGV[8] ~= '1' then
-  local info = redis.pcall('INFO', 'memory')
-  if type(info) ~= 'string' then
-    unchecked = tostring(type(info) == 'table' and info.err or info)
-  else
-    local max = info_field(info, 'maxmemory')
-    local policy = info_field(info, 'maxmemory_policy')
-    if not (max and string.match(max, '^%d+$') and policy) then
-      unchecked = 'INFO memory shows no maxmemory or maxmemory_policy'
-    elseif tonumber(max) ~= 0 and policy ~= 'noeviction' then
-      return {3, policy, max}
-    end
-  end
+  local what, a, b = eviction()
+  if what == 'evicts' then return {3, a, b} end
+  if what == 'unchecked' then unchecked = a end
 end
 local function answer(reply)
   if unchecked then return {4, unchecked, reply} end
@@ -58,7 +44,8 @@ end
 -- more in than the smaller one. Checked before anything is written.
 local theirs = redis.call('GET', KEYS[4])
 if theirs and tonumber(theirs) ~= n then return {2, theirs} end
-local live, free, free_map = {}, nil, {}
+local grants = ARGV[10] == '1' and ARGV[5] ~= ''
+local live, free, free_map, mine = {}, nil, {}, nil
 for i = 0, n - 1 do
   local pttl = redis.call('PTTL', KEYS[5 + i])
   if pttl == -2 then
@@ -66,8 +53,10 @@ for i = 0, n - 1 do
     if free == nil and (want == nil or want == i) then free = i end
   else
     free_map[i + 1] = '0'
-    local slots = redis.call('HGET', KEYS[5 + i], 'slots') or '1'
+    local h = redis.call('HMGET', KEYS[5 + i], 'slots', 'token', 'fence')
+    local slots = h[1] or '1'
     if tonumber(slots) ~= n then return {2, slots} end
+    if grants and h[2] == ARGV[1] and (want == nil or want == i) then mine = {i, h[3] or '0'} end
     live[#live + 1] = {i, pttl}
   end
 end
@@ -82,6 +71,16 @@ for _, l in ipairs(live) do
   if l[2] > longest then longest = l[2] end
 end
 if n > 1 and longest > 0 then cover_limit(KEYS[4], n, longest) end
+-- Held with this waiter's own token: a release granted it the slot (grant.lua) and
+-- its message was lost or came too late to use. Taken again, as an acquisition: out of
+-- the queue, a lease of ttl_ms from now, the fencing token of the grant.
+if mine then
+  redis.call('ZREM', KEYS[2], ARGV[5])
+  redis.call('HDEL', KEYS[3], ARGV[5], 'w:' .. ARGV[5], 'g:' .. ARGV[5])
+  redis.call('PEXPIRE', KEYS[5 + mine[1]], ARGV[2])
+  if n > 1 then cover_limit(KEYS[4], n, ARGV[2]) end
+  return answer({1, mine[2], mine[1], table.concat(free_map)})
+end
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 -- A woken waiter has priority for the slot(s) freed for it. A release wakes the
@@ -176,6 +175,15 @@ if free == nil or reserved_ms then
     redis.call('HDEL', KEYS[3], 'w:' .. ARGV[5])
     redis.call('HSET', KEYS[3], ARGV[5], string.format('%.0f', math.floor(now_us / 1000) + tonumber(ARGV[6])))
     redis.call('PEXPIRE', KEYS[3], ARGV[6] * 2)
+    -- What a release needs to grant this waiter a slot (grant.lua): its lease, its
+    -- heartbeat, who it is, whether it allows eviction, its N and its token.
+    if grants then
+      redis.call('HSET', KEYS[3], 'g:' .. ARGV[5], table.concat({ARGV[2], ARGV[6],
+        ARGV[4], ARGV[8] == '1' and '1' or '0', n, ARGV[1], ARGV[3]}, ' '))
+    else
+      redis.call('HDEL', KEYS[3], 'g:' .. ARGV[5])
+    end
+    redis.call('PEXPIRE', KEYS[3], ARGV[6] * 2)
   end
   local slot, pttl = nil, nil
   for _, l in ipairs(live) do
@@ -203,7 +211,7 @@ local fs = string.format('%.0f', fence)
 -- Leave the queue first: these only remove, and a failure here writes nothing.
 if ARGV[5] ~= '' then
   redis.call('ZREM', KEYS[2], ARGV[5])
-  redis.call('HDEL', KEYS[3], ARGV[5], 'w:' .. ARGV[5])
+  redis.call('HDEL', KEYS[3], ARGV[5], 'w:' .. ARGV[5], 'g:' .. ARGV[5])
 end
 -- Each write carries its expiry in the same command, or is followed at once by it:
 -- the counter is SET with PX, and the slot's hash did not exist (PTTL -2), so neither

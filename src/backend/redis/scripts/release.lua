@@ -1,4 +1,4 @@
--- KEYS: queue, alive, limit, the run record, then the N slot keys. ARGV: token,
+-- KEYS: queue, alive, limit, the run record, the fencing counter, then the N slot keys. ARGV: token,
 -- keep_ms, wake channel prefix, give_back ('1': Redlock gives back what an acquisition
 -- without a majority took; '' or none: a holder's release), alive_ms (with give_back:
 -- the waiter's heartbeat), exit status and why the run ended (both '' or none: no
@@ -10,8 +10,8 @@
 -- which any other run's record leaves as it was (--once-per).
 -- The token is looked for in every slot, so a release works for an acquire whose
 -- answer was lost (and frees every slot it holds, should a Redlock round have left it
--- two). Each slot freed wakes one waiter; the last holder of a semaphore to go takes
--- the limit key with it.
+-- two). Each slot freed wakes one waiter, or a holder's release grants it to that
+-- waiter (grant.lua); the last holder of a semaphore to go takes the limit key with it.
 -- A slot given back that a woken waiter took (its `waiter` and `woken` fields, see the
 -- acquire script) puts that waiter back at the head of the queue, alive, with the wake
 -- mark it had, so the slot stays kept for it until the same grace ends, and wakes no
@@ -64,12 +64,13 @@ local function requeue(id, mark)
   return age >= 0 and age < WAKE_GRACE_MS
 end
 local found, n = false, nil
-for i = 5, #KEYS do
+local keys = {queue = KEYS[1], alive = KEYS[2], limit = KEYS[3], fence = KEYS[5]}
+for i = 6, #KEYS do
   local h = redis.call('HMGET', KEYS[i], 'token', 'slots', 'waiter', 'woken', 'host', 'pid',
     'since_ms', 'fence')
   if h[1] == ARGV[1] then
     found, n = true, tonumber(h[2] or '1')
-    if record and not give_back then record_run(h, i - 5) end
+    if record and not give_back then record_run(h, i - 6) end
     if tonumber(ARGV[2]) > 0 then
       redis.call('PEXPIRE', KEYS[i], ARGV[2])
       if n and n > 1 then cover_limit(KEYS[3], h[2], ARGV[2]) end
@@ -79,13 +80,13 @@ for i = 5, #KEYS do
       if not kept then wake(KEYS[1], KEYS[2], ARGV[3], 1) end
     else
       redis.call('DEL', KEYS[i])
-      wake(KEYS[1], KEYS[2], ARGV[3], 1)
+      wake(KEYS[1], KEYS[2], ARGV[3], 1, granter(keys, KEYS[i], i - 6, n or 1, ARGV[3]))
     end
   end
 end
 if not found then return 0 end
-if tonumber(ARGV[2]) == 0 and n and n > 1 and n <= #KEYS - 4 then
-  for j = 5, 4 + n do
+if tonumber(ARGV[2]) == 0 and n and n > 1 and n <= #KEYS - 5 then
+  for j = 6, 5 + n do
     if redis.call('EXISTS', KEYS[j]) == 1 then return 1 end
   end
   redis.call('DEL', KEYS[3])
