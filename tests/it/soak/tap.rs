@@ -10,7 +10,11 @@
 //!
 //! Replies are matched to requests in order, per connection (Redis answers in order);
 //! RESP3 push frames (pub/sub wake-ups) are not replies, except the `subscribe`
-//! confirmation, which answers a SUBSCRIBE.
+//! confirmation, which answers a SUBSCRIBE. A wake-up that grants the lock
+//! (`granted FENCE SLOT TOKEN16`, see `src/backend/redis/grants.rs`) is recorded as an
+//! acquisition: sent when the waiter's last attempt that found the lock busy reached
+//! the proxy (the grant came after it, and the waiter counts its lease from there),
+//! with that attempt's token.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -302,6 +306,10 @@ impl Watcher for Connection {
         acc.extend_from_slice(bytes);
         while let Some((frame, push, len)) = parse(&acc) {
             acc.drain(..len);
+            if let Some(r) = grant(&self.records, &frame, at) {
+                self.unsent.lock().unwrap().push(r);
+                continue;
+            }
             if let Some(r) = match_reply(&self.pending, frame, push, at) {
                 self.unsent.lock().unwrap().push(r);
             }
@@ -369,6 +377,44 @@ fn classify(frame: Resp, sent: Duration) -> Pending {
         call,
         subscribe,
     }
+}
+
+/// A pub/sub message that grants the lock: the acquisition it is (see the module),
+/// found among `records` by the token's first 16 characters.
+fn grant(records: &Mutex<Vec<Record>>, frame: &Resp, at: Duration) -> Option<Record> {
+    let Resp::Array(parts) = frame else {
+        return None;
+    };
+    let [kind, _channel, payload] = parts.as_slice() else {
+        return None;
+    };
+    let words: Vec<&str> = payload.text()?.split(' ').collect();
+    let [granted, fence, slot, token16] = words.as_slice() else {
+        return None;
+    };
+    if kind.text() != Some("message") || *granted != "granted" {
+        return None;
+    }
+    let busy = |r: &&Record| {
+        r.call == Call::Acquire
+            && r.token.starts_with(token16)
+            && r.sent <= at
+            && matches!(&r.reply, Some(Resp::Array(a)) if a.first() == Some(&Resp::Int(0)))
+    };
+    let records = records.lock().unwrap();
+    let asked = records.iter().filter(busy).max_by_key(|r| r.sent);
+    Some(Record {
+        call: Call::Acquire,
+        token: asked.map_or_else(|| token16.to_string(), |r| r.token.clone()),
+        sent: asked.map_or(at, |r| r.sent),
+        replied: Some(at),
+        reply: Some(Resp::Array(vec![
+            Resp::Int(1),
+            Resp::Text(fence.to_string()),
+            Resp::Int(slot.parse().ok()?),
+        ])),
+        delivered: false,
+    })
 }
 
 /// Matches a reply frame to the request it answers; returns the record of a lockrun
