@@ -2,7 +2,8 @@
 //! docs/backends.md, the tests and the error lines that name a missing permission. Part of
 //! [`super`].
 //!
-//! lockrun sends `EVAL` and, for the acquire script once the server has it, `EVALSHA`
+//! lockrun sends `EVAL` and, for the acquire and release scripts once the server has
+//! them, `EVALSHA`
 //! (every step is a script, see `scripts.rs`; a user without `+evalsha` gets every
 //! script by `EVAL`) and, to wait with
 //! `--wait`, `SUBSCRIBE` to its own wake-up channel; the scripts call the commands in

@@ -36,8 +36,9 @@
 //!
 //! Every step is one Lua script (`scripts::Script`), atomic on the server, sent with
 //! EVAL: one round trip, and nothing to load beforehand or after a server restart. The
-//! acquire script goes by its digest (EVALSHA, the digest written in the code and
-//! checked by a unit test) first: the server neither reads nor hashes its 13 KB again.
+//! acquire and release scripts go by their digest (EVALSHA, the digest written in the
+//! code and checked by a unit test) first: the server neither reads nor hashes their
+//! 12–13 KB again.
 //! A server that lacks it (restarted, or never asked before) answers `NOSCRIPT`, and
 //! it goes again with EVAL, which keeps it there. Renew and release compare the stored
 //! token with ours before touching the key.

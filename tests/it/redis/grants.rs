@@ -222,8 +222,9 @@ fn a_waiting_run_starts_on_the_holders_release_without_asking_again() {
     assert!(waiter.wait_with_output().unwrap().status.success());
     let read = |f: &str| -> u64 { s.read(f).trim().parse().unwrap() };
     assert!(read("w") > read("h"), "fencing tokens increase");
-    // What the server ran since the release was asked for: the release, then no
-    // acquire (by digest or by source: 5 keys) until the waiter's own release (6 keys).
+    // What the server ran since the release was asked for: releases only (6 keys; the
+    // holder's, by digest and again by source on a server that lacks it, then the
+    // waiter's), no acquire (5 keys) in between.
     let log: Vec<Value> = redis.query(redis::cmd("SLOWLOG").arg("GET").arg(-1));
     let mut calls: Vec<(i64, String, String)> = log
         .iter()
@@ -244,9 +245,8 @@ fn a_waiting_run_starts_on_the_holders_release_without_asking_again() {
         .collect();
     calls.sort();
     let keys: Vec<&str> = calls.iter().map(|(_, _, k)| k.as_str()).collect();
-    assert_eq!(
-        keys,
-        ["6", "6"],
+    assert!(
+        keys.len() >= 2 && keys.iter().all(|k| *k == "6"),
         "the release, then the waiter's: {calls:?}"
     );
 }
