@@ -280,10 +280,10 @@ impl RedisBackend {
             &place,
             if grants.is_some() { "1" } else { "" },
         ];
-        let sent_at = BootInstant::now();
+        let sent_at = grants.map(|g| (g, BootInstant::now()));
         let Checked { reply, unchecked } = self.eval(Script::Acquire, name, None, &args).await?;
-        if let (Some(g), AcquireReply::Busy(_)) = (grants, &reply) {
-            g.asked(&req.token, sent_at);
+        if let (Some((g, at)), AcquireReply::Busy(_)) = (sent_at, &reply) {
+            g.asked(&req.token, at);
         }
         if let Some(why) = unchecked {
             if !self.told_unchecked.swap(true, Ordering::Relaxed) {

@@ -27,11 +27,10 @@ pub(super) fn shown(reply: HoldersReply, ours: u32) -> Result<Vec<Holder>, Backe
 
 impl Backend for RedisBackend {
     async fn acquire(&self, name: &str, req: &AcquireRequest) -> Result<Acquire, BackendError> {
-        let now = BootInstant::now();
         if let Some(g) = self
             .grants
             .as_ref()
-            .and_then(|g| g.take(&req.token, req.ttl, now))
+            .and_then(|g| g.take(&req.token, req.ttl, BootInstant::now()))
         {
             // Granted by the holder's release: no round trip (grants.rs).
             *self.taken.lock().unwrap_or_else(|e| e.into_inner()) =

@@ -14,27 +14,6 @@ use crate::support::*;
 const TOKEN_H: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 const TOKEN_W: &str = "0123456789abcdef0123456789abcdef";
 
-fn acquire_keys() -> Vec<String> {
-    vec![
-        fence_key("job"),
-        waiter_key("job", "waiters"),
-        waiter_key("job", "alive"),
-        limit_key("job"),
-        lock_key("job"),
-    ]
-}
-
-fn release_keys() -> Vec<String> {
-    vec![
-        waiter_key("job", "waiters"),
-        waiter_key("job", "alive"),
-        limit_key("job"),
-        format!("{}:last", lock_key("job")),
-        fence_key("job"),
-        lock_key("job"),
-    ]
-}
-
 fn eval(redis: &RedisServer, name: &str, keys: &[String], args: &[&str]) -> Value {
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     redis
@@ -47,7 +26,7 @@ fn acquire(redis: &RedisServer, token: &str, waiter: &str) -> Value {
     let args = [
         token, "30000", "host-w", "4242", waiter, "6000", "", "", "", "1",
     ];
-    eval(redis, "acquire", &acquire_keys(), &args)
+    eval(redis, "acquire", &acquire_keys("job", 1), &args)
 }
 
 /// `{1, fence, ...}` → the fence; `None` for any other answer.
@@ -80,7 +59,7 @@ fn held_with_waiter(redis: &RedisServer) -> u64 {
 fn release(redis: &RedisServer) {
     let args = [TOKEN_H, "0", "lockrun:{job}:wake:", "", "", "0", "exited"];
     assert_eq!(
-        eval(redis, "release", &release_keys(), &args),
+        eval(redis, "release", &release_keys("job", 1), &args),
         Value::Int(1)
     );
 }

@@ -20,18 +20,6 @@ const HUGE_MS: &str = "18446744073709551615000";
 /// Millisecond arguments no script may accept, each for its own reason.
 const BAD_MS: [&str; 7] = [HUGE_MS, "86400001", "0", "-5", "1e3", "0x10", " 5"];
 
-/// The keys of the acquire script for `name` as a plain lock: fence, queue, alive,
-/// limit, then the one slot.
-fn acquire_keys(name: &str) -> [String; 5] {
-    [
-        fence_key(name),
-        waiter_key(name, "waiters"),
-        waiter_key(name, "alive"),
-        limit_key(name),
-        lock_key(name),
-    ]
-}
-
 /// Runs the acquire script on "job" with lease `ttl_ms`, as waiter `waiter` ('' for
 /// none), with a heartbeat of `alive_ms`.
 fn acquire(
@@ -40,7 +28,7 @@ fn acquire(
     waiter: &str,
     alive_ms: &str,
 ) -> Result<Value, String> {
-    let keys = acquire_keys("job");
+    let keys = acquire_keys("job", 1);
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     let args = ["owner-token", ttl_ms, "host1", "42", waiter, alive_ms];
     redis
@@ -69,7 +57,7 @@ fn lock_without_expiry(redis: &RedisServer) {
 
 /// Asserts that no key of lock "job" exists without an expiry.
 fn assert_every_key_expires(redis: &RedisServer, after: &str) {
-    for key in acquire_keys("job") {
+    for key in acquire_keys("job", 1) {
         assert_ne!(redis.pttl(&key), -1, "{key} has no expiry after {after}");
     }
 }
@@ -80,7 +68,7 @@ fn an_acquire_with_a_lease_the_server_cannot_take_writes_nothing() {
     for bad in BAD_MS {
         let e = acquire(&redis, bad, "", "6000").expect_err(bad);
         assert!(e.contains("ttl_ms must be"), "{bad:?}: {e}");
-        for key in acquire_keys("job") {
+        for key in acquire_keys("job", 1) {
             assert!(!redis.exists(&key), "ttl_ms {bad:?} left {key} behind");
         }
     }
@@ -118,14 +106,8 @@ fn renew_and_release_refuse_a_lease_the_server_cannot_take() {
     let key = lock_key("job");
     let wake = "lockrun:{job}:wake:";
     let limit = limit_key("job");
-    let release_keys = [
-        "lockrun:{job}:waiters",
-        "lockrun:{job}:alive",
-        limit.as_str(),
-        "lockrun:{job}:last",
-        "lockrun:{job}:fence",
-        key.as_str(),
-    ];
+    let release_keys = release_keys("job", 1);
+    let release_keys: Vec<&str> = release_keys.iter().map(String::as_str).collect();
     for bad in BAD_MS {
         let e = redis.eval_lockrun_script("renew", &[&limit, &key], &["owner-token", bad]);
         assert!(

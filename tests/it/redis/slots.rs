@@ -15,18 +15,6 @@ use redis::Value;
 
 use crate::support::*;
 
-/// The keys of the acquire script for semaphore "job" of `n` slots.
-fn acquire_keys(n: u32) -> Vec<String> {
-    let mut keys = vec![
-        fence_key("job"),
-        waiter_key("job", "waiters"),
-        waiter_key("job", "alive"),
-        limit_key("job"),
-    ];
-    keys.extend((0..n).map(|i| slot_key("job", i)));
-    keys
-}
-
 /// The keys of the force script for semaphore "job" of `n` slots.
 fn force_keys(n: u32) -> Vec<String> {
     let mut keys = vec![
@@ -34,16 +22,6 @@ fn force_keys(n: u32) -> Vec<String> {
         waiter_key("job", "alive"),
         limit_key("job"),
     ];
-    keys.extend((0..n).map(|i| slot_key("job", i)));
-    keys
-}
-
-/// The keys of the release script for semaphore "job" of `n` slots: the force
-/// script's, with the run record's and the fencing counter's before the slots.
-fn release_keys(n: u32) -> Vec<String> {
-    let mut keys = force_keys(0);
-    keys.push(format!("{}:last", lock_key("job")));
-    keys.push(fence_key("job"));
     keys.extend((0..n).map(|i| slot_key("job", i)));
     keys
 }
@@ -60,7 +38,7 @@ fn eval(redis: &RedisServer, name: &str, keys: &[String], args: &[&str]) -> Resu
 /// none), for slot `wanted` ('' for the lowest free).
 fn acquire(redis: &RedisServer, n: u32, token: &str, waiter: &str, wanted: &str) -> Value {
     let args = [token, "60000", "host1", "42", waiter, "6000", wanted];
-    eval(redis, "acquire", &acquire_keys(n), &args).expect("the acquire script ran")
+    eval(redis, "acquire", &acquire_keys("job", n), &args).expect("the acquire script ran")
 }
 
 /// `{1, fence, slot, free}` → `(slot, free)`, or a panic naming the answer.
@@ -280,7 +258,7 @@ fn a_wanted_slot_is_taken_or_its_holder_named() {
         let e = eval(
             &redis,
             "acquire",
-            &acquire_keys(3),
+            &acquire_keys("job", 3),
             &["d", "60000", "h", "1", "", "6000", bad],
         )
         .expect_err(bad);
@@ -299,11 +277,21 @@ fn a_release_finds_its_token_in_any_slot() {
     // An acquire whose answer was lost: its lockrun never learnt the slot (1).
     assert_eq!(acquired(&acquire(&redis, 3, "lost", "", "")).0, 1);
     let wake = "lockrun:{job}:wake:";
-    let released = eval(&redis, "release", &release_keys(3), &["lost", "0", wake]);
+    let released = eval(
+        &redis,
+        "release",
+        &release_keys("job", 3),
+        &["lost", "0", wake],
+    );
     assert_eq!(released, Ok(Value::Int(1)));
     assert!(!redis.exists(&slot_key("job", 1)));
     assert!(redis.exists(&slot_key("job", 0)) && redis.exists(&limit_key("job")));
-    let again = eval(&redis, "release", &release_keys(3), &["lost", "0", wake]);
+    let again = eval(
+        &redis,
+        "release",
+        &release_keys("job", 3),
+        &["lost", "0", wake],
+    );
     assert_eq!(again, Ok(Value::Int(0)), "released twice");
     // The renewal of an unknown slot looks everywhere too.
     let mut renew_keys = vec![limit_key("job")];
@@ -315,7 +303,12 @@ fn a_release_finds_its_token_in_any_slot() {
         limit > 80_000,
         "the limit key does not cover the renewed lease: {limit}"
     );
-    let released = eval(&redis, "release", &release_keys(3), &["first", "0", wake]);
+    let released = eval(
+        &redis,
+        "release",
+        &release_keys("job", 3),
+        &["first", "0", wake],
+    );
     assert_eq!(released, Ok(Value::Int(1)));
     assert!(
         !redis.exists(&limit_key("job")),
@@ -340,13 +333,25 @@ fn each_slot_freed_wakes_one_more_waiter() {
         assert_eq!(busy[0], Value::Int(0), "{w} was not told busy");
     }
     let wake = "lockrun:{job}:wake:";
-    eval(&redis, "release", &release_keys(2), &["a", "0", wake]).unwrap();
+    eval(
+        &redis,
+        "release",
+        &release_keys("job", 2),
+        &["a", "0", wake],
+    )
+    .unwrap();
     assert_eq!(
         [woken("w1"), woken("w2"), woken("w3")],
         [true, false, false]
     );
     // A second slot freed before w1 came back wakes w2, not w1 again.
-    eval(&redis, "release", &release_keys(2), &["b", "0", wake]).unwrap();
+    eval(
+        &redis,
+        "release",
+        &release_keys("job", 2),
+        &["b", "0", wake],
+    )
+    .unwrap();
     assert_eq!([woken("w1"), woken("w2"), woken("w3")], [true, true, false]);
     // w1 takes a slot and leaves the queue; the other is kept for w2, woken for it:
     // w3 is told busy (and stays queued); w2 takes it.
@@ -427,7 +432,12 @@ fn a_woken_waiter_has_priority_for_the_slot_freed_for_it() {
     let redis = RedisServer::start();
     let wake = "lockrun:{job}:wake:";
     let release = |token: &str| {
-        let done = eval(&redis, "release", &release_keys(1), &[token, "0", wake]);
+        let done = eval(
+            &redis,
+            "release",
+            &release_keys("job", 1),
+            &[token, "0", wake],
+        );
         assert_eq!(done, Ok(Value::Int(1)), "release of {token}");
     };
     // A holder; A then B join the queue.
@@ -537,7 +547,12 @@ fn free_slots_are_kept_for_as_many_woken_waiters() {
     let redis = RedisServer::start();
     let wake = "lockrun:{job}:wake:";
     let release = |token: &str| {
-        let done = eval(&redis, "release", &release_keys(2), &[token, "0", wake]);
+        let done = eval(
+            &redis,
+            "release",
+            &release_keys("job", 2),
+            &[token, "0", wake],
+        );
         assert_eq!(done, Ok(Value::Int(1)), "release of {token}");
     };
     acquired(&acquire(&redis, 2, "a", "", ""));
@@ -595,7 +610,7 @@ fn a_slot_given_back_goes_back_to_the_woken_waiter_that_took_it() {
             true => vec![token, "0", wake, "1", "6000"],
             false => vec![token, "0", wake],
         };
-        let done = eval(&redis, "release", &release_keys(1), &args);
+        let done = eval(&redis, "release", &release_keys("job", 1), &args);
         assert_eq!(done, Ok(Value::Int(1)), "release of {token}");
     };
     acquired(&acquire(&redis, 1, "h", "", ""));

@@ -79,7 +79,9 @@ pub use pgbouncer::{PgBouncer, Pool};
 pub use ping::{Answer, ConnectProxy, PingRequest, PingServer};
 pub use process::*;
 pub use proxy::{Mode, Proxy, Watch, Watcher};
-pub use redis::{fence_key, limit_key, lock_key, slot_key, waiter_key, RedisServer};
+pub use redis::{
+    acquire_keys, fence_key, limit_key, lock_key, release_keys, slot_key, waiter_key, RedisServer,
+};
 pub use refusal::Refusal;
 pub use run_records::{assert_last_run, last_run_line, recording, run_recorded, status_json};
 pub use scratch::{wait_line, wait_pid, Scratch};

@@ -378,6 +378,33 @@ pub fn fence_key(name: &str) -> String {
     format!("lockrun:{{{name}}}:fence")
 }
 
+/// The keys of the acquire script for `name` of `n` slots: fence, queue, alive, limit,
+/// then every slot's.
+pub fn acquire_keys(name: &str, n: u32) -> Vec<String> {
+    let mut keys = vec![
+        fence_key(name),
+        waiter_key(name, "waiters"),
+        waiter_key(name, "alive"),
+        limit_key(name),
+    ];
+    keys.extend((0..n).map(|i| slot_key(name, i)));
+    keys
+}
+
+/// The keys of the release script for `name` of `n` slots: queue, alive, limit, the
+/// run record, the fencing counter, then every slot's.
+pub fn release_keys(name: &str, n: u32) -> Vec<String> {
+    let mut keys = vec![
+        waiter_key(name, "waiters"),
+        waiter_key(name, "alive"),
+        limit_key(name),
+        format!("{}:last", lock_key(name)),
+        fence_key(name),
+    ];
+    keys.extend((0..n).map(|i| slot_key(name, i)));
+    keys
+}
+
 fn spawn_redis(
     port: u16,
     tls_port: Option<u16>,
