@@ -161,3 +161,43 @@ async fn a_permanent_error_fails_after_one_attempt() {
     assert_eq!(backend.acquired_with.borrow().len(), 1);
     assert!(backend.released.borrow().is_empty());
 }
+
+/// A lock granted by the holder's release counts its lease from the waiter's busy
+/// attempt the grant came after, not from the call that reported it (property 2).
+#[tokio::test(flavor = "current_thread")]
+async fn a_granted_lease_counts_from_the_busy_attempt_before_it() {
+    let asked_at = BootInstant::now() - Duration::from_millis(20);
+    let backend = Scripted::new([Some(Ok(Acquire::Granted {
+        fencing_token: 9,
+        slot: 1,
+        asked_at,
+    }))]);
+    let taken = run_acquire(&config("60s"), &backend).await.unwrap();
+    assert_eq!(taken.sent_at, asked_at);
+    assert_eq!((taken.fencing_token, taken.slot), (9, 1));
+}
+
+/// A grant with none of its lease (300 ms) left, so counted, is not used: its token is
+/// given back and the next attempt carries a new one.
+#[tokio::test(flavor = "current_thread")]
+async fn a_grant_with_its_lease_nearly_gone_is_given_back() {
+    let backend = Scripted::new([
+        Some(Ok(Acquire::Granted {
+            fencing_token: 9,
+            slot: 0,
+            asked_at: BootInstant::now() - Duration::from_millis(300),
+        })),
+        Some(Ok(Acquire::Acquired {
+            fencing_token: 10,
+            slot: 0,
+        })),
+    ]);
+    let taken = run_acquire(&config("60s"), &backend).await.unwrap();
+    let sent = backend.acquired_with.borrow().clone();
+    assert_eq!(sent.len(), 2);
+    assert_eq!(*backend.released.borrow(), sent[..1]);
+    assert_eq!(
+        (taken.token.as_str(), taken.fencing_token),
+        (sent[1].as_str(), 10)
+    );
+}
